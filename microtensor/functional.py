@@ -1,0 +1,8 @@
+"""The functional API: `import microtensor.functional as F`.
+
+Every function here is defined, with its math and its backward, in one file of `microtensor/ops/`.
+"""
+from .ops.elementwise import add, cast, div, exp, log, mul, neg, pow, relu, sigmoid, sqrt, sub, tanh
+from .ops.matmul import matmul
+from .ops.reduce import max, mean, sum
+from .ops.shape import cat, concat, flatten, getitem, masked_fill, permute, reshape, split, stack, transpose, where

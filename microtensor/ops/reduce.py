@@ -1,0 +1,124 @@
+"""Reductions: sum, mean, max over all elements or over some dims (keepdim as in PyTorch).
+
+All three map an input x of shape S to an output y whose reduced dims are gone (or kept as size 1).
+Backward sends each output's gradient back to the input elements it was made from:
+
+    sum:   y = sum_i x_i             dL/dx_i = g                 (g copied along the reduced dims)
+    mean:  y = (1/n) sum_i x_i       dL/dx_i = g / n
+    max:   y = max_i x_i             dL/dx_i = g / k if x_i is one of the k elements equal to the max, else 0
+
+(`max` splits the gradient evenly between ties, like `torch.amax`; it returns values only: use
+`argmax` for the indices.)
+"""
+import numpy as np
+
+from ..autograd import Function
+from ..gradcheck import gradcheck_case
+from .checks import check_float, normalize_dim
+from .shape import concat
+
+
+def _axes(op, dim, ndim):
+    """dim (None, an int or a tuple of ints) as a sorted tuple of non-negative axes."""
+    if dim is None:
+        return tuple(range(ndim))
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    axes = tuple(sorted(normalize_dim(op, d, ndim) for d in dims))
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{op}: dim {dim} names the same dim twice")
+    return axes
+
+
+def _expand_to_input(grad_out, axes, keepdim, shape):
+    """Give grad_out back its reduced dims (size 1) so that it broadcasts against the input."""
+    if not keepdim:
+        grad_out = np.expand_dims(grad_out, axes)
+    return np.broadcast_to(grad_out, shape)
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, axes, keepdim):
+        ctx.axes, ctx.keepdim, ctx.shape = axes, keepdim, x.shape
+        return np.sum(x, axis=axes, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _expand_to_input(grad_out, ctx.axes, ctx.keepdim, ctx.shape), None, None
+
+
+class Mean(Function):
+    @staticmethod
+    def forward(ctx, x, axes, keepdim):
+        ctx.axes, ctx.keepdim, ctx.shape = axes, keepdim, x.shape
+        ctx.count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        return np.mean(x, axis=axes, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad = grad_out / grad_out.dtype.type(ctx.count)
+        return _expand_to_input(grad, ctx.axes, ctx.keepdim, ctx.shape), None, None
+
+
+class Max(Function):
+    @staticmethod
+    def forward(ctx, x, axes, keepdim):
+        y = np.max(x, axis=axes, keepdims=True)
+        ctx.axes, ctx.keepdim = axes, keepdim
+        ctx.save_for_backward(x, y)
+        return y if keepdim else np.squeeze(y, axis=axes)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, y = ctx.saved_tensors
+        is_max = x == y  # (x.shape) True at every element equal to its group's max
+        ties = np.sum(is_max, axis=ctx.axes, keepdims=True)
+        grad = grad_out if ctx.keepdim else np.expand_dims(grad_out, ctx.axes)
+        return np.where(is_max, grad / ties.astype(x.dtype), x.dtype.type(0)), None, None
+
+
+def _reduce(op, function, x, dim, keepdim):
+    check_float(op, x)
+    if x.data.size == 0:
+        raise ValueError(f"{op}: cannot reduce an empty tensor of shape {x.shape}")
+    return function.apply(x, _axes(op, dim, x.ndim), bool(keepdim))
+
+
+def sum(x, dim=None, keepdim=False):
+    return _reduce("sum", Sum, x, dim, keepdim)
+
+
+def mean(x, dim=None, keepdim=False):
+    return _reduce("mean", Mean, x, dim, keepdim)
+
+
+def max(x, dim=None, keepdim=False):
+    return _reduce("max", Max, x, dim, keepdim)
+
+
+# --------------------------------------------------------------------------------- gradcheck cases
+
+
+def _reduction_case(function, reduce, distinct=False):
+    def case(draw):
+        x = draw.tensor(draw.shape(min_dims=1, max_dims=3), distinct=distinct)
+        dims = [d for d in range(x.ndim) if draw.boolean()]
+        dim = draw.choice((None, dims[0] if dims else -1, tuple(dims) if dims else None))
+        keepdim = draw.boolean()
+        return (lambda x: reduce(x, dim, keepdim)), (x,)
+
+    return gradcheck_case(function)(case)
+
+
+_reduction_case(Sum, sum)
+_reduction_case(Mean, mean)
+_reduction_case(Max, max, distinct=True)  # ties make max non-differentiable
+
+
+@gradcheck_case(Max)
+def _max_tie_case(draw):
+    # At an exact tie the gradient is split evenly. Check the split where it is well defined:
+    # y = max([u, u]) = u, and finite differences move both copies of u together, so dy/du = 1
+    # only if each copy gets half.
+    u = draw.tensor((draw.integer(1, 3), 1))
+    return (lambda u: max(concat([u, u], dim=-1), dim=-1)), (u,)

@@ -1,0 +1,336 @@
+"""Ops that move, pick or combine elements without arithmetic: reshape, permute/transpose,
+indexing and slicing, concat, stack, split, masked_fill, where.
+
+Each output element is a copy of exactly one input element (or a constant), so backward routes
+every output gradient back to the element it was copied from:
+
+    reshape   y = x viewed with another shape         dL/dx = g viewed with x's shape
+    permute   y = x with dims reordered by `dims`     dL/dx = g with dims reordered by the inverse
+    getitem   y = x[index]                            dL/dx = zeros, then dL/dx[index] += g
+              (scatter-add: an element picked twice, as in x[[0, 0]], gets both gradients)
+    concat    y = [x_0, x_1, ...] joined along dim    dL/dx_i = the slice of g that x_i filled
+    stack     y = [x_0, x_1, ...] along a new dim     dL/dx_i = g[..., i, ...]
+    masked_fill  y = value where mask else x          dL/dx = g where not mask, else 0
+    where     y = a where cond else b                 dL/da = g where cond, dL/db = g where not cond
+                                                      (each unbroadcast to its input's shape)
+"""
+import numpy as np
+
+from ..autograd import Function, unbroadcast
+from ..gradcheck import gradcheck_case
+from ..tensor import Tensor
+from .checks import as_tensor, broadcast_shape, check_float, normalize_dim
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.input_shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out.reshape(ctx.input_shape), None
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.dims = dims
+        return np.transpose(x, dims)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return np.transpose(grad_out, np.argsort(ctx.dims)), None
+
+
+def _is_basic_index(index):
+    """True when the index holds only ints, slices, None and Ellipsis: each element is picked at
+    most once, so backward can assign instead of scatter-adding."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(p, (int, np.integer, slice)) or p is None or p is Ellipsis for p in parts)
+
+
+class GetItem(Function):
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.index, ctx.input_shape = index, x.shape
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad = np.zeros(ctx.input_shape, dtype=grad_out.dtype)
+        if _is_basic_index(ctx.index):
+            grad[ctx.index] = grad_out
+        else:
+            np.add.at(grad, ctx.index, grad_out)  # repeated indices accumulate
+        return grad, None
+
+
+class Concat(Function):
+    @staticmethod
+    def forward(ctx, *arrays, dim):
+        ctx.dim = dim
+        ctx.boundaries = np.cumsum([a.shape[dim] for a in arrays])[:-1]
+        return np.concatenate(arrays, axis=dim)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return tuple(np.split(grad_out, ctx.boundaries, axis=ctx.dim))
+
+
+class Stack(Function):
+    @staticmethod
+    def forward(ctx, *arrays, dim):
+        ctx.dim = dim
+        return np.stack(arrays, axis=dim)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return tuple(np.moveaxis(grad_out, ctx.dim, 0))
+
+
+class MaskedFill(Function):
+    @staticmethod
+    def forward(ctx, x, mask, value):
+        ctx.save_for_backward(mask)
+        return np.where(mask, x.dtype.type(value), x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (mask,) = ctx.saved_tensors
+        return np.where(mask, grad_out.dtype.type(0), grad_out), None, None
+
+
+class Where(Function):
+    @staticmethod
+    def forward(ctx, condition, a, b):
+        ctx.save_for_backward(condition)
+        ctx.shapes = (a.shape, b.shape)
+        return np.where(condition, a, b)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (condition,) = ctx.saved_tensors
+        a_shape, b_shape = ctx.shapes
+        zero = grad_out.dtype.type(0)
+        grad_a = unbroadcast(np.where(condition, grad_out, zero), a_shape) if ctx.needs_input_grad[1] else None
+        grad_b = unbroadcast(np.where(condition, zero, grad_out), b_shape) if ctx.needs_input_grad[2] else None
+        return None, grad_a, grad_b
+
+
+# --------------------------------------------------------------------------------- public functions
+
+
+def _resolve_shape(x, shape):
+    """`shape` with its one allowed -1 replaced by the size that keeps the element count."""
+    shape = tuple(int(n) for n in shape)
+    known = int(np.prod([n for n in shape if n != -1], dtype=np.int64))
+    unknown = shape.count(-1)
+    if unknown > 1 or any(n < -1 for n in shape):
+        raise ValueError(f"reshape: invalid shape {shape} (sizes must be >= 0, with at most one -1)")
+    if unknown == 1 and known > 0 and x.data.size % known == 0:
+        shape = tuple(x.data.size // known if n == -1 else n for n in shape)
+    if -1 in shape or int(np.prod(shape, dtype=np.int64)) != x.data.size:
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.data.size} elements) into {shape}")
+    return shape
+
+
+def reshape(x, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    target = _resolve_shape(x, shape)
+    if target == x.shape:
+        return x
+    return Reshape.apply(x, target)
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    if x.ndim == 0:
+        return reshape(x, 1)
+    start = normalize_dim("flatten", start_dim, x.ndim)
+    end = normalize_dim("flatten", end_dim, x.ndim)
+    return reshape(x, x.shape[:start] + (-1,) + x.shape[end + 1 :])
+
+
+def permute(x, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    dims = tuple(normalize_dim("permute", d, x.ndim) for d in dims)
+    if sorted(dims) != list(range(x.ndim)):
+        raise ValueError(f"permute: dims {dims} are not a permutation of the {x.ndim} dims of a tensor of shape {x.shape}")
+    return Permute.apply(x, dims)
+
+
+def transpose(x, dim0, dim1):
+    dims = list(range(x.ndim))
+    a, b = normalize_dim("transpose", dim0, x.ndim), normalize_dim("transpose", dim1, x.ndim)
+    dims[a], dims[b] = dims[b], dims[a]
+    return Permute.apply(x, tuple(dims))
+
+
+def _index_part(part):
+    """Tensors in an index become their arrays; float indices are an error, not a silent cast."""
+    if isinstance(part, Tensor):
+        part = part.data
+    if isinstance(part, (list, np.ndarray)):
+        array = np.asarray(part)
+        if array.dtype.kind not in "iub":
+            raise IndexError(f"getitem: indices must be integers or booleans, got {array.dtype}")
+        return array
+    return part
+
+
+def getitem(x, index):
+    index = tuple(_index_part(p) for p in index) if isinstance(index, tuple) else _index_part(index)
+    try:
+        x.data[index]  # let numpy validate (a view: no copy is made for basic indices)
+    except IndexError as error:
+        raise IndexError(f"getitem: index {index!r} is invalid for a tensor of shape {x.shape}: {error}") from None
+    if not x.requires_grad:
+        return Tensor._from_array(x.data[index])
+    return GetItem.apply(x, index)
+
+
+def _tensor_list(op, tensors):
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError(f"{op}: expected a non-empty sequence of Tensors")
+    check_float(op, *tensors)
+    return tensors
+
+
+def concat(tensors, dim=0):
+    tensors = _tensor_list("concat", tensors)
+    axis = normalize_dim("concat", dim, tensors[0].ndim)
+    for t in tensors:
+        if t.ndim != tensors[0].ndim or t.shape[:axis] + t.shape[axis + 1 :] != tensors[0].shape[:axis] + tensors[0].shape[axis + 1 :]:
+            shapes = ", ".join(str(t.shape) for t in tensors)
+            raise ValueError(f"concat: shapes {shapes} must match in every dim but dim {dim}")
+    return Concat.apply(*tensors, dim=axis)
+
+
+cat = concat
+
+
+def stack(tensors, dim=0):
+    tensors = _tensor_list("stack", tensors)
+    if any(t.shape != tensors[0].shape for t in tensors):
+        raise ValueError(f"stack: all tensors must have the same shape, got {', '.join(str(t.shape) for t in tensors)}")
+    axis = normalize_dim("stack", dim, tensors[0].ndim + 1)
+    return Stack.apply(*tensors, dim=axis)
+
+
+def split(x, split_size_or_sections, dim=0):
+    """Split into pieces along `dim`: of size `split_size_or_sections` each (the last may be smaller),
+    or of the listed sizes. The pieces are slices, so each one's backward is GetItem's."""
+    axis = normalize_dim("split", dim, x.ndim)
+    length = x.shape[axis]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        if split_size_or_sections <= 0:
+            raise ValueError(f"split: split size must be positive, got {split_size_or_sections}")
+        sizes = [min(split_size_or_sections, length - start) for start in range(0, length, split_size_or_sections)]
+    else:
+        sizes = list(split_size_or_sections)
+        if sum(sizes) != length or any(s < 0 for s in sizes):
+            raise ValueError(f"split: sizes {sizes} must be non-negative and add up to {length}, the size of dim {dim} of {x.shape}")
+    pieces, start = [], 0
+    for size in sizes:
+        index = (slice(None),) * axis + (slice(start, start + size),)
+        pieces.append(getitem(x, index))
+        start += size
+    return tuple(pieces)
+
+
+def _mask_array(op, mask):
+    mask = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"{op}: the mask must be boolean, got {mask.dtype}")
+    return mask
+
+
+def masked_fill(x, mask, value):
+    """x with `value` wherever `mask` is True; mask broadcasts to x's shape (not the other way)."""
+    check_float("masked_fill", x)
+    mask = _mask_array("masked_fill", mask)
+    if broadcast_shape("masked_fill", x.shape, mask.shape) != x.shape:
+        raise ValueError(f"masked_fill: a mask of shape {mask.shape} would enlarge the input of shape {x.shape}")
+    return MaskedFill.apply(x, mask, float(value))
+
+
+def where(condition, a, b):
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise TypeError("where: at least one of a and b must be a Tensor")
+    if not isinstance(a, Tensor):
+        a = as_tensor("where", a, b)
+    if not isinstance(b, Tensor):
+        b = as_tensor("where", b, a)
+    check_float("where", a, b)
+    condition = _mask_array("where", condition)
+    broadcast_shape("where", condition.shape, a.shape, b.shape)
+    return Where.apply(condition, a, b)
+
+
+# --------------------------------------------------------------------------------- gradcheck cases
+
+
+@gradcheck_case(Reshape)
+def _reshape_case(draw):
+    x = draw.tensor(draw.shape(min_dims=1, max_dims=3))
+    new_shape = draw.choice(((-1,), (x.data.size, 1), (1, -1)))
+    return (lambda x: reshape(x, new_shape) * 1.0), (x,)
+
+
+@gradcheck_case(Permute)
+def _permute_case(draw):
+    x = draw.tensor(draw.shape(min_dims=2, max_dims=4))
+    dims = tuple(reversed(range(x.ndim))) if draw.boolean() else (1, 0) + tuple(range(2, x.ndim))
+    return (lambda x: permute(x, dims)), (x,)
+
+
+@gradcheck_case(GetItem)
+def _getitem_case(draw):
+    x = draw.tensor(draw.shape(min_dims=2, max_dims=3, min_side=2))
+    kind = draw.choice(("slice", "int", "repeated", "mask", "mixed"))
+    if kind == "slice":
+        index = (slice(None, None, -1), slice(1, None))
+    elif kind == "int":
+        index = (draw.integer(0, x.shape[0] - 1),)
+    elif kind == "repeated":
+        index = np.array([0, 1, 0, 0])  # rows picked several times: their gradients must add up
+    elif kind == "mask":
+        index = x.data > 0
+    else:
+        index = (np.array([1, 1, 0]), slice(None, 1))
+    return (lambda x: getitem(x, index)), (x,)
+
+
+@gradcheck_case(Concat)
+def _concat_case(draw):
+    shape = draw.shape(min_dims=1, max_dims=3)
+    dim = draw.integer(-len(shape), len(shape) - 1)
+    other = list(shape)
+    other[dim] = draw.integer(1, 3)
+    return (lambda a, b: concat([a, b, a], dim)), (draw.tensor(shape), draw.tensor(other))
+
+
+@gradcheck_case(Stack)
+def _stack_case(draw):
+    shape = draw.shape(min_dims=0, max_dims=2)
+    dim = draw.integer(0, len(shape))
+    return (lambda a, b: stack([a, b], dim)), (draw.tensor(shape), draw.tensor(shape))
+
+
+@gradcheck_case(MaskedFill)
+def _masked_fill_case(draw):
+    x = draw.tensor(draw.shape(min_dims=1, max_dims=3))
+    mask = draw.tensor(draw.broadcastable_shape(x.shape), requires_grad=False).data > 0
+    return (lambda x: masked_fill(x, mask, -3.0)), (x,)
+
+
+@gradcheck_case(Where)
+def _where_case(draw):
+    shape = draw.shape(min_dims=1, max_dims=3)
+    condition = draw.tensor(draw.broadcastable_shape(shape), requires_grad=False).data > 0
+    a, b = draw.tensor(shape), draw.tensor(draw.broadcastable_shape(shape))
+    return (lambda a, b: where(condition, a, b)), (a, b)
