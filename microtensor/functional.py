@@ -6,3 +6,5 @@ from .ops.elementwise import add, cast, div, exp, log, mul, neg, pow, relu, sigm
 from .ops.matmul import matmul
 from .ops.reduce import max, mean, sum
 from .ops.shape import cat, concat, flatten, getitem, masked_fill, permute, reshape, split, stack, transpose, where
+from .ops.softmax import log_softmax, softmax, softmax_jacobian
+from .ops.cross_entropy import cross_entropy
