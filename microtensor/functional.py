@@ -8,3 +8,10 @@ from .ops.reduce import max, mean, sum
 from .ops.shape import cat, concat, flatten, getitem, masked_fill, permute, reshape, split, stack, transpose, where
 from .ops.softmax import log_softmax, softmax, softmax_jacobian
 from .ops.cross_entropy import cross_entropy
+from .ops.layer_norm import layer_norm
+from .ops.rms_norm import rms_norm
+from .ops.gelu import gelu
+from .ops.silu import silu, swiglu
+from .ops.embedding import embedding
+from .ops.dropout import dropout
+from .ops.attention import scaled_dot_product_attention

@@ -1,0 +1,48 @@
+"""Inverted dropout: during training, zero each element with probability p and scale the rest by
+1 / (1 - p), so that the expected value of every element is unchanged and evaluation needs no
+rescaling.
+
+    y = x * mask / (1 - p),   mask_i ~ Bernoulli(1 - p)          (training)
+    y = x                                                        (evaluation, or p = 0)
+    dL/dx = g * mask / (1 - p)                                   (the same mask)
+
+The mask is drawn from a numpy Generator: the `generator` argument, else the global one that
+`microtensor.manual_seed` seeds. It is saved (as the scaled mask) for backward.
+"""
+import numpy as np
+
+from ..autograd import Function
+from ..gradcheck import gradcheck_case
+from ..random import get_generator
+from .checks import check_float
+
+
+class Dropout(Function):
+    @staticmethod
+    def forward(ctx, x, p, generator):
+        keep = generator.random(x.shape, dtype=x.dtype if x.dtype == np.float32 else np.float64) >= p
+        scaled_mask = keep.astype(x.dtype) / x.dtype.type(1 - p)
+        ctx.save_for_backward(scaled_mask)
+        return x * scaled_mask
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (scaled_mask,) = ctx.saved_tensors
+        return grad_out * scaled_mask, None, None
+
+
+def dropout(x, p=0.5, training=True, generator=None):
+    check_float("dropout", x)
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    if not training or p == 0:
+        return x
+    return Dropout.apply(x, float(p), get_generator() if generator is None else generator)
+
+
+@gradcheck_case(Dropout)
+def _dropout_case(draw):
+    # A new generator with the same seed on every call draws the same mask, so that finite
+    # differences see one fixed function.
+    seed, p = draw.integer(0, 1000), draw.choice((0.2, 0.5))
+    return (lambda x: dropout(x, p, True, np.random.default_rng(seed))), (draw.tensor(draw.shape()),)

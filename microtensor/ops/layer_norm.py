@@ -1,0 +1,162 @@
+"""LayerNorm over the last dim, with optional weight and bias.
+
+Forward, for one row x of C numbers (every leading dim just indexes rows; the kernels see (N, C)):
+
+    mean = (1/C) sum_i x_i                                  ()
+    var  = (1/C) sum_i (x_i - mean)^2                       ()
+    rstd = 1 / sqrt(var + eps)                              ()
+    xhat_i = (x_i - mean) * rstd                            (C,)
+    y_i  = xhat_i * w_i + b_i                               (C,)
+
+Backward. With g = dL/dy (C,), the weight and bias gradients add up over rows:
+
+    dL/dw_i = sum_rows g_i xhat_i        dL/db_i = sum_rows g_i         (C,)
+
+For x, go through xhat. Let d_i = dL/dxhat_i = g_i w_i. xhat depends on x directly and through
+mean and rstd:
+
+    dxhat_i/dx_j = rstd (δ_ij - 1/C) + (x_i - mean) drstd/dx_j
+    drstd/dx_j   = -1/2 (var + eps)^(-3/2) dvar/dx_j = -rstd^3 (x_j - mean) / C
+                   (dvar/dx_j = (2/C)(x_j - mean), the mean's own term sums to 0)
+    so dxhat_i/dx_j = rstd (δ_ij - 1/C - xhat_i xhat_j / C)
+
+and dL/dx_j = sum_i d_i dxhat_i/dx_j = rstd (d_j - mean_i(d_i) - xhat_j mean_i(d_i xhat_i)).
+
+Two row means and one elementwise pass: the forward saves mean and rstd per row (N,) so that
+backward rebuilds xhat instead of storing it.
+"""
+import numpy as np
+from numba import njit, prange
+
+from ..autograd import Function
+from ..gradcheck import gradcheck_case
+from ..tensor import Tensor
+from .checks import check_float, check_last_dim
+
+REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # lets row sums vectorize; inf/NaN keep their meaning
+
+
+def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
+    """Plain numpy LayerNorm over the last dim (the test oracle)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
+    """x (N, C), weight (C,), bias (C,) -> y (N, C); saves mean (N,) and rstd (N,).
+    Without a weight or bias the caller passes ones or zeros."""
+    N, C = x.shape
+    for n in prange(N):
+        total = x[n, 0] * 0
+        for c in range(C):
+            total += x[n, c]
+        m = total / C
+        squares = x[n, 0] * 0
+        for c in range(C):
+            squares += (x[n, c] - m) * (x[n, c] - m)
+        r = 1 / np.sqrt(squares / C + eps)
+        for c in range(C):
+            y[n, c] = (x[n, c] - m) * r * weight[c] + bias[c]
+        mean[n] = m
+        rstd[n] = r
+
+
+@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
+    """grad_x (N, C) = rstd (d - mean(d) - xhat mean(d xhat)), with d = grad_out * weight, per row."""
+    N, C = x.shape
+    for n in prange(N):
+        m, r = mean[n], rstd[n]
+        d_sum = x[n, 0] * 0
+        d_xhat_sum = x[n, 0] * 0
+        for c in range(C):
+            d = grad_out[n, c] * weight[c]
+            d_sum += d
+            d_xhat_sum += d * (x[n, c] - m) * r
+        d_mean = d_sum / C
+        d_xhat_mean = d_xhat_sum / C
+        for c in range(C):
+            xhat = (x[n, c] - m) * r
+            grad_x[n, c] = r * (grad_out[n, c] * weight[c] - d_mean - xhat * d_xhat_mean)
+
+
+@njit(cache=True)
+def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
+    """grad_weight (C,) = sum over rows of grad_out * xhat; grad_bias (C,) = sum of grad_out.
+    Serial over rows (every row adds into the same C sums); the inner loop over C vectorizes."""
+    N, C = x.shape
+    grad_weight[:] = 0
+    grad_bias[:] = 0
+    for n in range(N):
+        m, r = mean[n], rstd[n]
+        for c in range(C):
+            grad_weight[c] += grad_out[n, c] * (x[n, c] - m) * r
+            grad_bias[c] += grad_out[n, c]
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        C = x.shape[-1]
+        rows = np.ascontiguousarray(x).reshape(-1, C)  # (N, C)
+        w = np.ones(C, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
+        b = np.zeros(C, dtype=x.dtype) if bias is None else np.ascontiguousarray(bias)
+        y = np.empty_like(rows)
+        mean = np.empty(rows.shape[0], dtype=x.dtype)
+        rstd = np.empty(rows.shape[0], dtype=x.dtype)
+        layer_norm_forward(rows, w, b, x.dtype.type(eps), y, mean, rstd)
+        ctx.save_for_backward(rows, w, mean, rstd)
+        ctx.shape = x.shape
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        rows, w, mean, rstd = ctx.saved_tensors
+        g = np.ascontiguousarray(grad_out).reshape(rows.shape)  # (N, C)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = np.empty_like(rows)
+            layer_norm_backward_input(g, rows, w, mean, rstd, grad_x)
+            grad_x = grad_x.reshape(ctx.shape)
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_w, grad_b = np.empty_like(w), np.empty_like(w)
+            layer_norm_backward_params(g, rows, mean, rstd, grad_w, grad_b)
+        return (
+            grad_x,
+            grad_w if ctx.needs_input_grad[1] else None,
+            grad_b if ctx.needs_input_grad[2] else None,
+            None,
+        )
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """Normalize over the last dim to zero mean and unit variance, then scale by weight and shift by bias.
+    weight and bias, when given, have shape (C,) exactly, C = x.shape[-1]."""
+    given = [t for t in (x, weight, bias) if t is not None]
+    check_float("layer_norm", *given)
+    if x.ndim == 0:
+        raise ValueError("layer_norm: expected at least 1 dim, got a 0-d tensor")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"layer_norm: {name} must be a Tensor or None")
+            check_last_dim("layer_norm", name, t, x.shape[-1])
+    return LayerNorm.apply(x, weight, bias, float(eps))
+
+
+@gradcheck_case(LayerNorm)
+def _layer_norm_case(draw):
+    shape = draw.shape(min_dims=1, max_dims=3, min_side=2)
+    x = draw.tensor(shape, distinct=True)  # spread-out values: no row is near zero variance
+    C = shape[-1]
+    weight = draw.tensor((C,), 0.5, 1.5) if draw.boolean() else None
+    bias = draw.tensor((C,)) if draw.boolean() else None
+    return (lambda x, weight, bias: layer_norm(x, weight, bias)), (x, weight, bias)

@@ -1,0 +1,118 @@
+"""RMSNorm over the last dim, with an optional weight: LayerNorm without the mean.
+
+Forward, for one row x of C numbers (the kernels see (N, C)):
+
+    rstd = 1 / sqrt((1/C) sum_i x_i^2 + eps)                ()
+    xhat_i = x_i * rstd                                     (C,)
+    y_i  = xhat_i * w_i                                     (C,)
+
+Backward, with g = dL/dy (C,) and d_i = dL/dxhat_i = g_i w_i:
+
+    dL/dw_i = sum_rows g_i xhat_i                                        (C,)
+    drstd/dx_j = -1/2 rstd^3 (2 x_j / C) = -rstd^3 x_j / C
+    dxhat_i/dx_j = rstd δ_ij + x_i drstd/dx_j = rstd (δ_ij - xhat_i xhat_j / C)
+    dL/dx_j = sum_i d_i dxhat_i/dx_j = rstd (d_j - xhat_j mean_i(d_i xhat_i))   (C,)
+
+The forward saves rstd per row (N,); backward rebuilds xhat from x.
+"""
+import numpy as np
+from numba import njit, prange
+
+from ..autograd import Function
+from ..gradcheck import gradcheck_case
+from ..tensor import Tensor
+from .checks import check_float, check_last_dim
+
+REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # lets row sums vectorize; inf/NaN keep their meaning
+
+
+def rms_norm_reference(x, weight=None, eps=1e-5):
+    """Plain numpy RMSNorm over the last dim (the test oracle)."""
+    y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return y if weight is None else y * weight
+
+
+@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+def rms_norm_forward(x, weight, eps, y, rstd):
+    """x (N, C), weight (C,) -> y (N, C); saves rstd (N,)."""
+    N, C = x.shape
+    for n in prange(N):
+        squares = x[n, 0] * 0
+        for c in range(C):
+            squares += x[n, c] * x[n, c]
+        r = 1 / np.sqrt(squares / C + eps)
+        for c in range(C):
+            y[n, c] = x[n, c] * r * weight[c]
+        rstd[n] = r
+
+
+@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
+    """grad_x (N, C) = rstd (d - xhat mean(d xhat)), with d = grad_out * weight, per row."""
+    N, C = x.shape
+    for n in prange(N):
+        r = rstd[n]
+        d_xhat_sum = x[n, 0] * 0
+        for c in range(C):
+            d_xhat_sum += grad_out[n, c] * weight[c] * x[n, c] * r
+        d_xhat_mean = d_xhat_sum / C
+        for c in range(C):
+            grad_x[n, c] = r * (grad_out[n, c] * weight[c] - x[n, c] * r * d_xhat_mean)
+
+
+@njit(cache=True)
+def rms_norm_backward_weight(grad_out, x, rstd, grad_weight):
+    """grad_weight (C,) = sum over rows of grad_out * xhat (serial: every row adds into the same sums)."""
+    N, C = x.shape
+    grad_weight[:] = 0
+    for n in range(N):
+        for c in range(C):
+            grad_weight[c] += grad_out[n, c] * x[n, c] * rstd[n]
+
+
+class RMSNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        C = x.shape[-1]
+        rows = np.ascontiguousarray(x).reshape(-1, C)  # (N, C)
+        w = np.ones(C, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
+        y = np.empty_like(rows)
+        rstd = np.empty(rows.shape[0], dtype=x.dtype)
+        rms_norm_forward(rows, w, x.dtype.type(eps), y, rstd)
+        ctx.save_for_backward(rows, w, rstd)
+        ctx.shape = x.shape
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        rows, w, rstd = ctx.saved_tensors
+        g = np.ascontiguousarray(grad_out).reshape(rows.shape)  # (N, C)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = np.empty_like(rows)
+            rms_norm_backward_input(g, rows, w, rstd, grad_x)
+            grad_x = grad_x.reshape(ctx.shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = np.empty_like(w)
+            rms_norm_backward_weight(g, rows, rstd, grad_w)
+        return grad_x, grad_w, None
+
+
+def rms_norm(x, weight=None, eps=1e-5):
+    """Divide by the root mean square over the last dim, then scale by weight ((C,) exactly, if given)."""
+    check_float("rms_norm", *[t for t in (x, weight) if t is not None])
+    if x.ndim == 0:
+        raise ValueError("rms_norm: expected at least 1 dim, got a 0-d tensor")
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise TypeError("rms_norm: weight must be a Tensor or None")
+        check_last_dim("rms_norm", "weight", weight, x.shape[-1])
+    return RMSNorm.apply(x, weight, float(eps))
+
+
+@gradcheck_case(RMSNorm)
+def _rms_norm_case(draw):
+    shape = draw.shape(min_dims=1, max_dims=3)
+    x = draw.tensor(shape, 0.3, 2.0) if draw.boolean() else draw.tensor(shape, away_from=0.0)
+    weight = draw.tensor((shape[-1],), 0.5, 1.5) if draw.boolean() else None
+    return (lambda x, weight: rms_norm(x, weight)), (x, weight)
