@@ -16,10 +16,10 @@ import numpy as np
 
 # tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
 from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip
-from . import functional
+from . import functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
 from .gradcheck import GradcheckError, gradcheck, gradcheck_case
-# set_matmul: added when the matmul backends land
+from .ops.matmul import get_matmul, set_matmul
 from .ops.shape import cat, concat, split, stack, where
 from .random import get_generator, manual_seed
 
