@@ -12,7 +12,15 @@ Where things live: `tensor.py` (Tensor), `autograd.py` (Function and the backwar
 `ops/` (one file per op: math, kernels, backward, gradient check), `functional.py` (the ops as
 functions), `nn.py` (modules), `optim.py` (optimizers), `gradcheck.py` (finite differences).
 """
-import numpy as np
+import os
+
+# After each matrix product OpenBLAS's threads spin for a while, waiting for more work, and
+# Numba's parallel kernels then fight them for the cores: a GPT training step ran 6x slower
+# (300 ms instead of 49 ms on 2 cores). A short spin (2^4 cycles) ends the fight. OpenBLAS reads
+# this when numpy is first imported, so it only helps when microtensor is imported before numpy.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import numpy as np  # noqa: E402
 
 # tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
 from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip

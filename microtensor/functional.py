@@ -15,3 +15,4 @@ from .ops.silu import silu, swiglu
 from .ops.embedding import embedding
 from .ops.dropout import dropout
 from .ops.attention import scaled_dot_product_attention
+from .ops.rope import rope

@@ -1,0 +1,268 @@
+"""A small GPT, built only from microtensor ops and modules, with nanoGPT's parameter names.
+
+    idx (B, T) -> wte(idx) [+ wpe(positions)] -> n_layer × Block -> ln_f -> logits (B, T, V)
+    Block:  x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))          (pre-norm, residual stream)
+
+Every gradient flows through ops whose backward is hand-written and gradient-checked: there is no
+numpy math in the forward pass. Options (`GPTConfig`): LayerNorm or RMSNorm, a GELU or SwiGLU MLP,
+learned or rotary positions, biases, and tied input/output embeddings (logits = x @ wteᵀ, so
+`lm_head.weight` exists only when untied).
+
+Generation (`generate`, `generate_tokens`) runs without gradients and, by default, with a KV cache:
+each layer keeps its keys and values in arrays (B, H, block_size, D) with a write position, so a new
+token costs one token's work. The context window rule, shared by the cached and uncached paths so
+that both compute exactly the same logits: the model sees the tokens from `start` on; once they
+would exceed block_size, `start` jumps forward so that the last block_size // 2 tokens remain, and
+the cache is rebuilt from those (positions restart at 0 in the new window).
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+import microtensor as mt
+import microtensor.functional as F
+from microtensor import nn
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+    norm: str = "layernorm"  # or "rmsnorm"
+    mlp: str = "gelu"  # or "swiglu"
+    pos: str = "learned"  # or "rope"
+    tie_weights: bool = True
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"GPTConfig: {name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        choices = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "pos": ("learned", "rope")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def _norm(config, dtype):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, dtype=dtype)
+    return nn.LayerNorm(config.n_embd, bias=config.bias, dtype=dtype)
+
+
+class KVCache:
+    """One layer's keys and values for generation: (B, H, block_size, D) arrays and a write position."""
+
+    def __init__(self, batch, n_head, block_size, head_size, dtype):
+        self.k = np.zeros((batch, n_head, block_size, head_size), dtype=dtype)
+        self.v = np.zeros_like(self.k)
+        self.length = 0  # how many positions hold keys and values
+
+    def append(self, k, v):
+        """Write the new keys and values (B, H, T, D); return all of them so far as tensors."""
+        T = k.shape[2]
+        self.k[:, :, self.length : self.length + T] = k.data
+        self.v[:, :, self.length : self.length + T] = v.data
+        self.length += T
+        return mt.Tensor(self.k[:, :, : self.length]), mt.Tensor(self.v[:, :, : self.length])
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, dtype):
+        super().__init__()
+        self.n_head, self.pos = config.n_head, config.pos
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias, dtype=dtype)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias, dtype=dtype)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cache=None, offset=0):
+        B, T, C = x.shape
+        H = self.n_head
+        qkv = self.c_attn(x).reshape(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, H, T, D)
+        if self.pos == "rope":
+            q, k = F.rope(q, offset), F.rope(k, offset)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, offset + T, D): the queries are the last T positions
+        y = F.scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
+        y = y.permute(0, 2, 1, 3).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """GELU: c_proj(gelu(c_fc(x))), hidden 4C. SwiGLU: c_proj(swiglu(c_fc(x), c_up(x))) with hidden
+    width round(8C/3) to a multiple of 8, which keeps the parameter count of the GELU MLP."""
+
+    def __init__(self, config, dtype):
+        super().__init__()
+        self.kind = config.mlp
+        C = config.n_embd
+        hidden = 4 * C if config.mlp == "gelu" else 8 * math.ceil(8 * C / 3 / 8)
+        self.c_fc = nn.Linear(C, hidden, bias=config.bias, dtype=dtype)
+        if config.mlp == "swiglu":
+            self.c_up = nn.Linear(C, hidden, bias=config.bias, dtype=dtype)
+        self.c_proj = nn.Linear(hidden, C, bias=config.bias, dtype=dtype)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        if self.kind == "swiglu":
+            h = F.swiglu(self.c_fc(x), self.c_up(x))
+        else:
+            h = F.gelu(self.c_fc(x), approximate="tanh")
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config, dtype):
+        super().__init__()
+        self.ln_1 = _norm(config, dtype)
+        self.attn = CausalSelfAttention(config, dtype)
+        self.ln_2 = _norm(config, dtype)
+        self.mlp = MLP(config, dtype)
+
+    def forward(self, x, cache=None, offset=0):
+        x = x + self.attn(self.ln_1(x), cache, offset)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config, dtype=mt.float32):
+        super().__init__()
+        self.config = config
+        parts = {"wte": nn.Embedding(config.vocab_size, config.n_embd, dtype=dtype)}
+        if config.pos == "learned":
+            parts["wpe"] = nn.Embedding(config.block_size, config.n_embd, dtype=dtype)
+        parts["drop"] = nn.Dropout(config.dropout)
+        parts["h"] = nn.ModuleList([Block(config, dtype) for _ in range(config.n_layer)])
+        parts["ln_f"] = _norm(config, dtype)
+        self.transformer = nn.ModuleDict(parts)
+        if not config.tie_weights:
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, dtype=dtype)
+        self._init_weights()
+
+    def _init_weights(self):
+        """GPT-2's: weights N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)) (each block
+        adds two of them to the residual stream), biases 0, norm weights 1."""
+        rng = mt.get_generator()
+        for name, p in self.named_parameters():
+            if name.endswith(".bias"):
+                p.data[...] = 0
+            elif ".ln_" in name or name.startswith("transformer.ln_f"):
+                p.data[...] = 1
+            else:
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+                p.data[...] = rng.normal(0.0, std, p.shape)
+
+    def forward(self, idx, targets=None, caches=None, offset=0):
+        """idx (B, T) int -> (logits (B, T, V), loss or None). With caches, idx holds the tokens at
+        positions offset .. offset + T - 1 of the window, and their keys and values are appended."""
+        if not isinstance(idx, mt.Tensor):
+            idx = mt.tensor(np.asarray(idx))
+        if idx.ndim != 2 or idx.dtype.kind not in "iu":
+            raise ValueError(f"GPT: idx must be an integer tensor (B, T), got {idx.dtype} of shape {idx.shape}")
+        B, T = idx.shape
+        if offset + T > self.config.block_size:
+            raise ValueError(f"GPT: a sequence of {offset + T} tokens is longer than block_size {self.config.block_size}")
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.pos == "learned":
+            x = x + self.transformer.wpe(mt.arange(offset, offset + T))
+        x = self.transformer.drop(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, None if caches is None else caches[layer], offset)
+        x = self.transformer.ln_f(x)
+        if self.config.tie_weights:
+            logits = x @ self.transformer.wte.weight.T  # (B, T, C) @ (C, V)
+        else:
+            logits = self.lm_head(x)
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss
+
+    # ------------------------------------------------------------------------------ generation
+
+    def new_caches(self, batch):
+        c = self.config
+        dtype = self.transformer.wte.weight.dtype
+        return [KVCache(batch, c.n_head, c.block_size, c.n_embd // c.n_head, dtype) for _ in range(c.n_layer)]
+
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
+        """Yield (next token ids (B,), their logits (B, V)) one step at a time; see the module
+        docstring for the window rule past block_size."""
+        idx = np.array(idx.data if isinstance(idx, mt.Tensor) else idx, dtype=np.int64)
+        if idx.ndim != 2 or idx.shape[1] == 0:
+            raise ValueError(f"generate: idx must be (B, T) with T >= 1, got shape {idx.shape}")
+        rng = np.random.default_rng(seed)
+        block = self.config.block_size
+        start, caches, fed = max(0, idx.shape[1] - block), None, 0  # fed: tokens of the window in the cache
+        was_training = self.training
+        self.eval()
+        try:
+            with mt.no_grad():
+                for _ in range(max_new_tokens):
+                    if idx.shape[1] - start > block:
+                        start = idx.shape[1] - block // 2
+                        caches = None
+                    window = idx[:, start:]
+                    if not use_kv_cache:
+                        logits, _ = self(window)
+                    else:
+                        if caches is None:
+                            caches, fed = self.new_caches(idx.shape[0]), 0
+                        logits, _ = self(window[:, fed:], caches=caches, offset=fed)
+                        fed = window.shape[1]
+                    last = logits.data[:, -1, :]  # (B, V)
+                    token = sample(last, temperature, top_k, top_p, rng)
+                    idx = np.concatenate([idx, token[:, None]], axis=1)
+                    yield token, last
+        finally:
+            self.train(was_training)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
+        """idx (B, T) -> (B, T + max_new_tokens) int tensor: greedy when temperature is 0, else sampled
+        from softmax(logits / temperature), optionally limited to the top_k tokens or to the smallest
+        set whose probability reaches top_p."""
+        prompt = np.array(idx.data if isinstance(idx, mt.Tensor) else idx, dtype=np.int64)
+        tokens = [t for t, _ in self.generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
+        new = np.stack(tokens, axis=1) if tokens else np.zeros((prompt.shape[0], 0), dtype=np.int64)
+        return mt.tensor(np.concatenate([prompt, new], axis=1))
+
+
+def sample(logits, temperature, top_k, top_p, rng):
+    """Next token ids (B,) from last-position logits (B, V)."""
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    if temperature < 0:
+        raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+    logits = logits.astype(np.float64) / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"generate: top_k must be >= 1, got {top_k}")
+        kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+        order = np.argsort(-probs, axis=-1)
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        # keep a token if the probability of all tokens ranked above it is still below top_p
+        keep_sorted = np.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probs = np.where(keep, probs, 0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs], dtype=np.int64)

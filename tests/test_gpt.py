@@ -1,0 +1,132 @@
+"""The GPT: gradients of every parameter against finite differences, the KV cache against
+recomputation, initialization, learning, names and errors."""
+import math
+
+import numpy as np
+import pytest
+
+import microtensor as mt
+from microtensor import GradcheckError, gradcheck
+from models.gpt import GPT, GPTConfig
+
+OPTIONS = [
+    dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
+    dict(norm="rmsnorm", mlp="swiglu", pos="rope", tie_weights=False, bias=False),
+    dict(norm="layernorm", mlp="swiglu", pos="rope", tie_weights=True, bias=True),
+    dict(norm="rmsnorm", mlp="gelu", pos="learned", tie_weights=False, bias=True),
+]
+
+
+def tiny(dtype=mt.float64, seed=0, **options):
+    mt.manual_seed(seed)
+    config = GPTConfig(vocab_size=7, block_size=8, n_layer=2, n_head=2, n_embd=8, **options)
+    return GPT(config, dtype=dtype)
+
+
+def batch(rng, B=2, T=5, V=7):
+    return mt.tensor(rng.integers(0, V, (B, T))), mt.tensor(rng.integers(0, V, (B, T)))
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_every_parameter_gradient_against_finite_differences(options):
+    model = tiny(**options)
+    idx, targets = batch(np.random.default_rng(1))
+    for name, param in model.named_parameters():
+        # logits with a random upstream gradient, and the loss: both through every parameter
+        def logits_of(p, param=param):
+            return model(idx)[0]
+
+        def loss_of(p, param=param):
+            return model(idx, targets)[1]
+
+        for fn in (logits_of, loss_of):
+            try:
+                gradcheck(fn, [param], max_elements=6, seed=3)
+            except GradcheckError as error:
+                raise AssertionError(f"{name}: {error}") from None
+
+
+def test_a_wrong_parameter_gradient_is_caught():
+    model = tiny()
+    idx, _ = batch(np.random.default_rng(1))
+    weight = model.transformer.h[0].mlp.c_fc.weight
+    original = mt.functional.gelu
+
+    def wrong_gelu(x, approximate="tanh"):
+        return mt.functional.tanh(x) * 0 + original(x, approximate).detach() + x * 0.5  # wrong slope
+
+    import models.gpt as gpt
+
+    gpt.F.gelu, saved = wrong_gelu, gpt.F.gelu
+    try:
+        with pytest.raises(GradcheckError):
+            gradcheck(lambda p: model(idx)[0], [weight], max_elements=6)
+    finally:
+        gpt.F.gelu = saved
+
+
+def test_initial_loss_is_close_to_uniform():
+    mt.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32))
+    idx, targets = batch(np.random.default_rng(0), B=4, T=32, V=65)
+    _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(65)) < 0.1
+
+
+def test_parameter_names_follow_nanogpt():
+    names = [n for n, _ in tiny().named_parameters()]
+    assert names[:3] == ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight"]
+    for expected in ["transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.weight", "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight", "transformer.ln_f.weight"]:
+        assert expected in names
+    assert "lm_head.weight" not in names  # tied to wte
+    assert "lm_head.weight" in [n for n, _ in tiny(tie_weights=False).named_parameters()]
+
+
+@pytest.mark.parametrize("options", OPTIONS[:2], ids=["learned", "rope"])
+def test_kv_cache_equals_recomputation_past_block_size(options):
+    model = tiny(dtype=mt.float32, **options)
+    prompt = np.array([[1, 2, 3]])
+    cached = list(model.generate_tokens(prompt, 40, temperature=0, use_kv_cache=True))
+    uncached = list(model.generate_tokens(prompt, 40, temperature=0, use_kv_cache=False))
+    for (token_a, logits_a), (token_b, logits_b) in zip(cached, uncached):
+        np.testing.assert_array_equal(token_a, token_b)
+        np.testing.assert_allclose(logits_a, logits_b, atol=1e-5)
+    assert len(cached) == 40  # 3 + 40 tokens: five times past block_size 8
+
+
+def test_sampling_options():
+    model = tiny(dtype=mt.float32)
+    prompt = np.array([[1, 2]])
+    greedy = model.generate(prompt, 10, temperature=0).numpy()
+    assert greedy.shape == (1, 12)
+    np.testing.assert_array_equal(model.generate(prompt, 10, top_k=1, seed=5).numpy(), greedy)
+    a = model.generate(prompt, 10, temperature=1.0, top_p=0.9, seed=7).numpy()
+    np.testing.assert_array_equal(a, model.generate(prompt, 10, temperature=1.0, top_p=0.9, seed=7).numpy())
+
+
+def test_a_tiny_model_overfits_a_short_text():
+    text = "to be or not to be, that is the question"
+    chars = sorted(set(text))
+    ids = np.array([[chars.index(c) for c in text]])
+    mt.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(chars), block_size=len(text) - 1, n_layer=2, n_head=2, n_embd=32))
+    optimizer = mt.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    x, y = mt.tensor(ids[:, :-1]), mt.tensor(ids[:, 1:])
+    for _ in range(150):
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1
+
+
+def test_bad_inputs():
+    model = tiny()
+    with pytest.raises(ValueError, match="longer than block_size 8"):
+        model(mt.tensor(np.zeros((1, 9), dtype=np.int64)))
+    with pytest.raises(ValueError, match="idx must be an integer tensor"):
+        model(mt.tensor(np.zeros((1, 3))))
+    with pytest.raises(ValueError, match="n_embd .* divisible by n_head"):
+        GPTConfig(vocab_size=5, n_embd=10, n_head=3)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        GPTConfig(vocab_size=5, norm="batchnorm")
