@@ -155,3 +155,49 @@ def test_bad_inputs_name_the_op():
         F.scaled_dot_product_attention(q, mt.randn(1, 2, 2, 4), mt.randn(1, 2, 2, 4))
     with pytest.raises(ValueError, match="must be a 4-d Tensor"):
         F.scaled_dot_product_attention(mt.randn(2, 3, 4), q, q)
+
+
+def test_float32_kernels_do_their_arithmetic_in_float32():
+    """A Python number literal (`1 + x`, `0.5 * x`) can make a float32 kernel compute in float64:
+    compile each kernel for float32 arrays and look at the types numba inferred for its variables
+    and arithmetic."""
+    numba = pytest.importorskip("numba")
+    if numba.config.DISABLE_JIT:
+        pytest.skip("needs numba's type inference")
+    from microtensor.ops import attention, embedding, gelu, layer_norm, rms_norm, silu
+
+    f = np.float32
+    a, r, c = np.ones((4, 3), f), np.ones(4, f), np.ones(3, f)
+    flat = np.ones(5, f)
+    q = np.ones((1, 2, 3, 4), f)
+    probs = np.ones((1, 2, 3, 3), f)
+    ids = np.zeros(4, np.int64)
+    calls = [
+        (layer_norm.layer_norm_forward, (a, c, c, f(1e-5), a.copy(), r.copy(), r.copy())),
+        (layer_norm.layer_norm_backward_input, (a, a, c, r, r, a.copy())),
+        (layer_norm.layer_norm_backward_params, (a, a, r, r, c.copy(), c.copy())),
+        (rms_norm.rms_norm_forward, (a, c, f(1e-5), a.copy(), r.copy())),
+        (rms_norm.rms_norm_backward_input, (a, a, c, r, a.copy())),
+        (rms_norm.rms_norm_backward_weight, (a, a, r, c.copy())),
+        (gelu.gelu_tanh_forward, (flat, flat.copy(), f(0.5), f(0.8), f(0.04))),
+        (gelu.gelu_tanh_backward, (flat, flat, flat.copy(), f(0.5), f(0.8), f(0.04))),
+        (gelu.gelu_erf_forward, (flat, flat.copy(), f(0.5), f(0.7))),
+        (gelu.gelu_erf_backward, (flat, flat, flat.copy(), f(0.5), f(0.7), f(0.4))),
+        (silu.silu_forward, (flat, flat.copy())),
+        (silu.silu_backward, (flat, flat, flat.copy())),
+        (silu.swiglu_forward, (flat, flat, flat.copy())),
+        (silu.swiglu_backward, (flat, flat, flat, flat.copy(), flat.copy())),
+        (embedding.embedding_forward, (ids, a, a.copy())),
+        (embedding.embedding_backward, (a, ids, a.copy())),
+        (attention.attention_forward, (q, q, q, f(0.5), True, q.copy(), probs.copy())),
+        (attention.attention_backward, (q, q, q, q, probs, f(0.5), True, q.copy(), q.copy(), q.copy())),
+    ]
+    promoted = {}
+    for kernel, args in calls:
+        fresh = numba.njit(kernel.py_func)
+        fresh(*args)
+        overload = fresh.overloads[fresh.signatures[0]]
+        names = [n for n, t in overload.type_annotation.typemap.items() if t == numba.float64 and (not n.startswith("$") or n.startswith("$binop"))]
+        if names:
+            promoted[kernel.__name__] = names
+    assert not promoted, f"float64 arithmetic in float32 kernels: {promoted}"

@@ -53,20 +53,21 @@ def attention_forward(q, k, v, scale, causal, out, probs):
     """q (B, H, Tq, D), k, v (B, H, Tk, D) -> out (B, H, Tq, D); probs (B, H, Tq, Tk) gets P."""
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
+    zero = q.dtype.type(0)  # typed accumulators: a bare 0 would make float32 math float64
     for bh in prange(B * H):
         b, h = bh // H, bh % H
         for i in range(Tq):
             last = Tk - Tq + i if causal else Tk - 1  # the last key this query sees
-            row_max = q[b, h, i, 0] * 0
+            row_max = zero
             for j in range(last + 1):
-                s = q[b, h, i, 0] * 0
+                s = zero
                 for d in range(D):
                     s += q[b, h, i, d] * k[b, h, j, d]
                 s *= scale
                 probs[b, h, i, j] = s
                 if j == 0 or s > row_max:
                     row_max = s
-            total = q[b, h, i, 0] * 0
+            total = zero
             for j in range(last + 1):
                 e = np.exp(probs[b, h, i, j] - row_max)
                 probs[b, h, i, j] = e
@@ -88,6 +89,7 @@ def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, 
     """grad_out (B, H, Tq, D) -> grad_q (B, H, Tq, D), grad_k, grad_v (B, H, Tk, D)."""
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
+    zero = q.dtype.type(0)
     for bh in prange(B * H):
         b, h = bh // H, bh % H
         grad_k[b, h, :, :] = 0
@@ -95,9 +97,9 @@ def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, 
         d_probs = np.empty(Tk, dtype=q.dtype)  # one row of dP, private to this (b, h)
         for i in range(Tq):
             last = Tk - Tq + i if causal else Tk - 1
-            row_dot = q[b, h, i, 0] * 0  # sum_j P_ij dP_ij
+            row_dot = zero  # sum_j P_ij dP_ij
             for j in range(last + 1):
-                dp = q[b, h, i, 0] * 0
+                dp = zero
                 for d in range(D):
                     dp += grad_out[b, h, i, d] * v[b, h, j, d]
                 d_probs[j] = dp

@@ -37,32 +37,36 @@ def gelu_reference(x, approximate="tanh"):
 
 @njit(cache=True, parallel=True)
 def gelu_tanh_forward(x, y, half, k, cubic):
+    one = x.dtype.type(1)  # a bare 1 would make float32 math float64
     for i in prange(x.shape[0]):
         xi = x[i]
-        y[i] = half * xi * (1 + np.tanh(k * (xi + cubic * xi * xi * xi)))
+        y[i] = half * xi * (one + np.tanh(k * (xi + cubic * xi * xi * xi)))
 
 
 @njit(cache=True, parallel=True)
 def gelu_tanh_backward(grad_out, x, grad_x, half, k, cubic):
+    one, three = x.dtype.type(1), x.dtype.type(3)
     for i in prange(x.shape[0]):
         xi = x[i]
         t = np.tanh(k * (xi + cubic * xi * xi * xi))
-        dy_dx = half * (1 + t) + half * xi * (1 - t * t) * k * (1 + 3 * cubic * xi * xi)
+        dy_dx = half * (one + t) + half * xi * (one - t * t) * k * (one + three * cubic * xi * xi)
         grad_x[i] = grad_out[i] * dy_dx
 
 
 @njit(cache=True, parallel=True)
 def gelu_erf_forward(x, y, half, inv_sqrt_2):
+    one = x.dtype.type(1)
     for i in prange(x.shape[0]):
         xi = x[i]
-        y[i] = half * xi * (1 + math.erf(xi * inv_sqrt_2))
+        y[i] = half * xi * (one + math.erf(xi * inv_sqrt_2))
 
 
 @njit(cache=True, parallel=True)
 def gelu_erf_backward(grad_out, x, grad_x, half, inv_sqrt_2, inv_sqrt_2pi):
+    one = x.dtype.type(1)
     for i in prange(x.shape[0]):
         xi = x[i]
-        cdf = half * (1 + math.erf(xi * inv_sqrt_2))
+        cdf = half * (one + math.erf(xi * inv_sqrt_2))
         pdf = inv_sqrt_2pi * np.exp(-half * xi * xi)
         grad_x[i] = grad_out[i] * (cdf + xi * pdf)
 

@@ -53,15 +53,16 @@ def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
     """x (N, C), weight (C,), bias (C,) -> y (N, C); saves mean (N,) and rstd (N,).
     Without a weight or bias the caller passes ones or zeros."""
     N, C = x.shape
+    zero, one, count = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)  # typed: no float64 creeps in
     for n in prange(N):
-        total = x[n, 0] * 0
+        total = zero
         for c in range(C):
             total += x[n, c]
-        m = total / C
-        squares = x[n, 0] * 0
+        m = total / count
+        squares = zero
         for c in range(C):
             squares += (x[n, c] - m) * (x[n, c] - m)
-        r = 1 / np.sqrt(squares / C + eps)
+        r = one / np.sqrt(squares / count + eps)
         for c in range(C):
             y[n, c] = (x[n, c] - m) * r * weight[c] + bias[c]
         mean[n] = m
@@ -72,16 +73,17 @@ def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
 def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
     """grad_x (N, C) = rstd (d - mean(d) - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
+    zero, count = x.dtype.type(0), x.dtype.type(C)
     for n in prange(N):
         m, r = mean[n], rstd[n]
-        d_sum = x[n, 0] * 0
-        d_xhat_sum = x[n, 0] * 0
+        d_sum = zero
+        d_xhat_sum = zero
         for c in range(C):
             d = grad_out[n, c] * weight[c]
             d_sum += d
             d_xhat_sum += d * (x[n, c] - m) * r
-        d_mean = d_sum / C
-        d_xhat_mean = d_xhat_sum / C
+        d_mean = d_sum / count
+        d_xhat_mean = d_xhat_sum / count
         for c in range(C):
             xhat = (x[n, c] - m) * r
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - d_mean - xhat * d_xhat_mean)

@@ -36,11 +36,12 @@ def rms_norm_reference(x, weight=None, eps=1e-5):
 def rms_norm_forward(x, weight, eps, y, rstd):
     """x (N, C), weight (C,) -> y (N, C); saves rstd (N,)."""
     N, C = x.shape
+    zero, one, count = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)  # typed: no float64 creeps in
     for n in prange(N):
-        squares = x[n, 0] * 0
+        squares = zero
         for c in range(C):
             squares += x[n, c] * x[n, c]
-        r = 1 / np.sqrt(squares / C + eps)
+        r = one / np.sqrt(squares / count + eps)
         for c in range(C):
             y[n, c] = x[n, c] * r * weight[c]
         rstd[n] = r
@@ -50,12 +51,13 @@ def rms_norm_forward(x, weight, eps, y, rstd):
 def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
     """grad_x (N, C) = rstd (d - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
+    zero, count = x.dtype.type(0), x.dtype.type(C)
     for n in prange(N):
         r = rstd[n]
-        d_xhat_sum = x[n, 0] * 0
+        d_xhat_sum = zero
         for c in range(C):
             d_xhat_sum += grad_out[n, c] * weight[c] * x[n, c] * r
-        d_xhat_mean = d_xhat_sum / C
+        d_xhat_mean = d_xhat_sum / count
         for c in range(C):
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - x[n, c] * r * d_xhat_mean)
 

@@ -23,37 +23,42 @@ def silu_reference(x):
 
 
 @njit(cache=True)
-def _sigmoid(x):
+def _sigmoid(x, one):
+    """σ(x) for a scalar x; `one` is 1 in x's dtype (a bare 1 would make float32 math float64)."""
     if x >= 0:
-        return 1 / (1 + np.exp(-x))
+        return one / (one + np.exp(-x))
     e = np.exp(x)
-    return e / (1 + e)
+    return e / (one + e)
 
 
 @njit(cache=True, parallel=True)
 def silu_forward(x, y):
+    one = x.dtype.type(1)
     for i in prange(x.shape[0]):
-        y[i] = x[i] * _sigmoid(x[i])
+        y[i] = x[i] * _sigmoid(x[i], one)
 
 
 @njit(cache=True, parallel=True)
 def silu_backward(grad_out, x, grad_x):
+    one = x.dtype.type(1)
     for i in prange(x.shape[0]):
-        s = _sigmoid(x[i])
-        grad_x[i] = grad_out[i] * s * (1 + x[i] * (1 - s))
+        s = _sigmoid(x[i], one)
+        grad_x[i] = grad_out[i] * s * (one + x[i] * (one - s))
 
 
 @njit(cache=True, parallel=True)
 def swiglu_forward(a, b, y):
+    one = a.dtype.type(1)
     for i in prange(a.shape[0]):
-        y[i] = a[i] * _sigmoid(a[i]) * b[i]
+        y[i] = a[i] * _sigmoid(a[i], one) * b[i]
 
 
 @njit(cache=True, parallel=True)
 def swiglu_backward(grad_out, a, b, grad_a, grad_b):
+    one = a.dtype.type(1)
     for i in prange(a.shape[0]):
-        s = _sigmoid(a[i])
-        grad_a[i] = grad_out[i] * b[i] * s * (1 + a[i] * (1 - s))
+        s = _sigmoid(a[i], one)
+        grad_a[i] = grad_out[i] * b[i] * s * (one + a[i] * (one - s))
         grad_b[i] = grad_out[i] * a[i] * s
 
 
