@@ -1,7 +1,6 @@
 """cross_entropy: forward against plain loops and PyTorch (float64), the gradient against its formula
 and PyTorch, ignore_index, float32, stability, layouts, the kernel helpers shared with softmax.py,
 and the errors."""
-import inspect
 import math
 
 import numba
@@ -140,16 +139,6 @@ def test_kernels_do_their_arithmetic_in_the_input_dtype():
             if typ == numba.float64 and (not name.startswith("$") or name.startswith("$binop"))
         ]
         assert not float64_names, f"{kernel.__name__}: float64 arithmetic in the float32 version: {float64_names}"
-
-
-def test_helpers_are_the_same_as_in_softmax():
-    # cross_entropy.py keeps its own copies so that numba's cache follows edits (see the file).
-    for name in ("_exp_of_nonpositive", "_row_max"):
-        ours, theirs = (getattr(module, name) for module in (ce, sm))
-        python_function = lambda f: getattr(f, "py_func", f)  # noqa: E731  (plain functions under NUMBA_DISABLE_JIT)
-        assert inspect.getsource(python_function(ours)) == inspect.getsource(python_function(theirs)), (
-            f"{name} differs between cross_entropy.py and softmax.py: edit both copies"
-        )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -31,6 +31,7 @@ from ..autograd import Function
 from ..gradcheck import gradcheck_case
 from ..tensor import Tensor
 from .checks import check_float
+from .vector_math import exp_of_nonpositive
 
 REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # dot products vectorize; inf/NaN keep their meaning
 
@@ -48,7 +49,7 @@ def attention_reference(q, k, v, causal=True):
     return p @ v
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def attention_forward(q, k, v, scale, causal, out, probs):
     """q (B, H, Tq, D), k, v (B, H, Tk, D) -> out (B, H, Tq, D); probs (B, H, Tq, Tk) gets P."""
     B, H, Tq, D = q.shape
@@ -69,7 +70,7 @@ def attention_forward(q, k, v, scale, causal, out, probs):
                     row_max = s
             total = zero
             for j in range(last + 1):
-                e = np.exp(probs[b, h, i, j] - row_max)
+                e = exp_of_nonpositive(probs[b, h, i, j] - row_max)
                 probs[b, h, i, j] = e
                 total += e
             for j in range(last + 1):
@@ -84,7 +85,7 @@ def attention_forward(q, k, v, scale, causal, out, probs):
                     out[b, h, i, d] += p * v[b, h, j, d]
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, grad_v):
     """grad_out (B, H, Tq, D) -> grad_q (B, H, Tq, D), grad_k, grad_v (B, H, Tk, D)."""
     B, H, Tq, D = q.shape

@@ -43,6 +43,7 @@ from numba import njit, prange
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
 from ..tensor import FLOAT_DTYPES, Tensor
+from .vector_math import exp_of_nonpositive, max_of_row
 
 # Reductions (row max, row sums) vectorize only if the compiler may reorder the additions; these
 # flags allow that and nothing else (inf and NaN keep their meaning).
@@ -64,63 +65,6 @@ def cross_entropy_reference(logits, targets, ignore_index=-100):
 
 # --------------------------------------------------------------------------------- kernels
 
-# The two helpers below are copied verbatim from softmax.py (tests/test_cross_entropy.py checks that
-# the copies match). Numba's cache=True recompiles a kernel when its own file changes, not when a
-# helper imported from another file does, so each kernel file keeps the helpers it uses.
-@njit
-def _exp_of_nonpositive(t):
-    """e^t for t <= 0, in t's own float type, in plain arithmetic that vectorizes (see softmax.py's docstring)."""
-    real = type(t)  # float32 or float64: every constant below is converted to it
-    if t != t:  # NaN in, NaN out
-        return t
-    if t < real(-708.0):  # e^-708 ~ 3e-308, the end of float64's normal range; also t = -inf
-        return real(0)
-    k = np.floor(t * real(1.4426950408889634) + real(0.5))  # round(t / ln 2), an integer in [-1022, 0]
-    # r = t - k ln2, with ln2 = 0.693359375 (exact in 9 bits, so k * 0.693359375 is exact) + a correction
-    r = (t - k * real(0.693359375)) - k * real(-2.1219444005469058277e-4)  # |r| <= 0.347
-    # e^r by its Taylor series to r^12 (error < 2e-16 relative), evaluated innermost first (Horner).
-    p = real(1 / 479001600)
-    p = p * r + real(1 / 39916800)
-    p = p * r + real(1 / 3628800)
-    p = p * r + real(1 / 362880)
-    p = p * r + real(1 / 40320)
-    p = p * r + real(1 / 5040)
-    p = p * r + real(1 / 720)
-    p = p * r + real(1 / 120)
-    p = p * r + real(1 / 24)
-    p = p * r + real(1 / 6)
-    p = p * r + real(1 / 2)
-    p = p * r + real(1)
-    p = p * r + real(1)
-    # 2^k, exactly: the float64 whose exponent field (bits 52-62) holds k + 1023 and whose fraction is 0.
-    two_to_k = np.int64((np.int64(k) + 1023) << 52).view(np.float64)
-    return p * real(two_to_k)
-
-
-@njit
-def _row_max(x, r):
-    """max_c x[r, c], compared as integers so that the loop vectorizes.
-
-    Numba does not vectorize a loop of float comparisons (it may not reorder comparisons, whose
-    result with a NaN depends on the order), but it does vectorize a loop of integer maxima, which
-    made the max pass ~3x faster. A float64's 64 bits, read as a signed integer, are ordered like
-    the floats for non-negative floats and reversed for negative ones; flipping every bit but the
-    sign of the negative ones (`^ FLIP`) puts all floats in value order (-inf < -1 < -0 < 0 < 1 < inf).
-    float32 values are widened to float64 first, which is exact. A NaN sorts above +inf (or below
-    -inf if its sign bit is set); either way x - max is NaN somewhere in the row, so the row's
-    softmax is NaN, as it should be.
-    """
-    FLIP = np.int64(0x7FFFFFFFFFFFFFFF)
-    best = np.float64(x[r, 0]).view(np.int64)
-    best = best if best >= 0 else best ^ FLIP
-    for c in range(1, x.shape[1]):
-        bits = np.float64(x[r, c]).view(np.int64)
-        key = bits if bits >= 0 else bits ^ FLIP
-        best = key if key > best else best
-    best = best if best >= 0 else best ^ FLIP  # the same flip turns the key back into the float's bits
-    return x.dtype.type(np.int64(best).view(np.float64))
-
-
 @njit(cache=True)
 def count_valid_targets(targets, vocab_size, ignore_index, has_ignore_index):
     """(number of rows not ignored, index of the first target outside [0, V), or -1 if none)."""
@@ -135,7 +79,7 @@ def count_valid_targets(targets, vocab_size, ignore_index, has_ignore_index):
     return valid, -1
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, probs):
     """Per row n: row_loss[n] = -log softmax(logits[n])[targets[n]] and probs[n] = softmax(logits[n]),
     or 0 and a row of zeros if the row is ignored.
@@ -147,7 +91,7 @@ def cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, probs)
     one = logits.dtype.type(1)
     row_max = np.empty(rows, dtype=logits.dtype)  # (N,) all maxima first, as in softmax.py
     for n in prange(rows):
-        row_max[n] = _row_max(logits, n)
+        row_max[n] = max_of_row(logits, n)
     for n in prange(rows):
         t = targets[n]
         if t == ignore_index:
@@ -157,7 +101,7 @@ def cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, probs)
         else:
             total = zero
             for v in range(vocab):
-                e = _exp_of_nonpositive(logits[n, v] - row_max[n])
+                e = exp_of_nonpositive(logits[n, v] - row_max[n])
                 probs[n, v] = e
                 total += e
             inverse = one / total
@@ -166,7 +110,7 @@ def cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, probs)
             row_loss[n] = (row_max[n] - logits[n, t]) + np.log(total)  # lse - x_t = (m - x_t) + log s
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def cross_entropy_backward_kernel(probs, targets, ignore_index, scale, grad_logits):
     """grad_logits[n] = scale * (probs[n] - onehot(targets[n])); ignored rows of probs are zeros already.
 

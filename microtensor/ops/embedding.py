@@ -32,7 +32,7 @@ def embedding_forward(ids, weight, y):
         y[n, :] = weight[ids[n], :]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def embedding_backward(grad_out, ids, grad_weight):
     """grad_out (N, C), ids (N,) -> grad_weight (V, C), zeroed first; parallel over columns."""
     N, C = grad_out.shape

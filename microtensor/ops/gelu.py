@@ -10,7 +10,9 @@ Two forms, as in PyTorch:
 
 Elementwise, so backward is dL/dx = g * dy/dx. The kernels run over a flat view; backward
 recomputes dy/dx from the saved input instead of saving intermediates. Constants are passed in
-the input's dtype so that float32 math stays float32.
+the input's dtype so that float32 math stays float32. tanh comes from vector_math.py, written so
+that the loop vectorizes (the C library's tanh, one number at a time, made the tanh form ~10x
+slower); erf is still the C library's.
 """
 import math
 
@@ -20,6 +22,7 @@ from numba import njit, prange
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
 from .checks import check_float
+from .vector_math import tanh
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 INV_SQRT_2 = 1 / math.sqrt(2)
@@ -35,25 +38,25 @@ def gelu_reference(x, approximate="tanh"):
     return 0.5 * x * (1 + erf(x * INV_SQRT_2))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def gelu_tanh_forward(x, y, half, k, cubic):
     one = x.dtype.type(1)  # a bare 1 would make float32 math float64
     for i in prange(x.shape[0]):
         xi = x[i]
-        y[i] = half * xi * (one + np.tanh(k * (xi + cubic * xi * xi * xi)))
+        y[i] = half * xi * (one + tanh(k * (xi + cubic * xi * xi * xi)))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def gelu_tanh_backward(grad_out, x, grad_x, half, k, cubic):
     one, three = x.dtype.type(1), x.dtype.type(3)
     for i in prange(x.shape[0]):
         xi = x[i]
-        t = np.tanh(k * (xi + cubic * xi * xi * xi))
+        t = tanh(k * (xi + cubic * xi * xi * xi))
         dy_dx = half * (one + t) + half * xi * (one - t * t) * k * (one + three * cubic * xi * xi)
         grad_x[i] = grad_out[i] * dy_dx
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def gelu_erf_forward(x, y, half, inv_sqrt_2):
     one = x.dtype.type(1)
     for i in prange(x.shape[0]):
@@ -61,7 +64,7 @@ def gelu_erf_forward(x, y, half, inv_sqrt_2):
         y[i] = half * xi * (one + math.erf(xi * inv_sqrt_2))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def gelu_erf_backward(grad_out, x, grad_x, half, inv_sqrt_2, inv_sqrt_2pi):
     one = x.dtype.type(1)
     for i in prange(x.shape[0]):

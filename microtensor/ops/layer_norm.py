@@ -48,7 +48,7 @@ def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
     return y
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
     """x (N, C), weight (C,), bias (C,) -> y (N, C); saves mean (N,) and rstd (N,).
     Without a weight or bias the caller passes ones or zeros."""
@@ -69,7 +69,7 @@ def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
         rstd[n] = r
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
     """grad_x (N, C) = rstd (d - mean(d) - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
@@ -89,7 +89,7 @@ def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - d_mean - xhat * d_xhat_mean)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
     """grad_weight (C,) = sum over rows of grad_out * xhat; grad_bias (C,) = sum of grad_out.
     Serial over rows (every row adds into the same C sums); the inner loop over C vectorizes."""

@@ -57,7 +57,7 @@ def matmul_reference(a, b):
     return c
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def matmul_kernel(a, b, c):
     """c (n, m) = a (n, k) @ b (k, m) for C-contiguous 2-D arrays.
 

@@ -32,7 +32,7 @@ def rms_norm_reference(x, weight=None, eps=1e-5):
     return y if weight is None else y * weight
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def rms_norm_forward(x, weight, eps, y, rstd):
     """x (N, C), weight (C,) -> y (N, C); saves rstd (N,)."""
     N, C = x.shape
@@ -47,7 +47,7 @@ def rms_norm_forward(x, weight, eps, y, rstd):
         rstd[n] = r
 
 
-@njit(cache=True, parallel=True, fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
     """grad_x (N, C) = rstd (d - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
@@ -62,7 +62,7 @@ def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - x[n, c] * r * d_xhat_mean)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rms_norm_backward_weight(grad_out, x, rstd, grad_weight):
     """grad_weight (C,) = sum over rows of grad_out * xhat (serial: every row adds into the same sums)."""
     N, C = x.shape
