@@ -4,20 +4,24 @@ same GPT in PyTorch; and the model FLOP utilization (MFU) of the step.
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_train.py [--json FILE]
 
 Both models start from the same weights and see the same batches; the script checks that their
-losses agree before it times anything. Steps alternate between the two libraries, so a noisy
+first losses agree before it times anything. PyTorch runs in a process of its own with its own
+thread settings (bench/torch_side.py); blocks of 5 steps alternate between the two, so a noisy
 neighbour slows both alike; each phase's figure is its median over the timed steps.
 
 MFU is the step's matmul FLOPs per second (forward, plus twice that for backward) divided by the
-GEMM peak measured here: the best of numpy's and PyTorch's float32 matmul on large square matrices.
+GEMM peak measured here: numpy's float32 matmul on large square matrices.
 """
+from common import alternate, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, start_torch, write_json  # isort: skip  (first: it imports microtensor before numpy)
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
-import microtensor as mt  # isort: skip  (before numpy: it sets up OpenBLAS's threads)
 import numpy as np
 import torch_gpt
-from common import console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, try_import_torch, write_json
 from rich.table import Table
+
+import microtensor as mt
 
 from microtensor import optim
 from models.gpt import GPT, GPTConfig
@@ -29,14 +33,17 @@ PHASES = ("forward", "backward", "optimizer")
 
 
 class OursStep:
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, seed):
+        self.model, self.rng = model, np.random.default_rng(seed)
         self.opt = optim.AdamW(optim.weight_decay_groups(model, WEIGHT_DECAY), lr=LR, betas=BETAS)
+        self.losses = []
 
-    def __call__(self, x, y):
+    def __call__(self):
+        config = self.model.config
+        x, y = torch_gpt.random_batch(self.rng, BATCH, config.block_size, config.vocab_size)
         t0 = time.perf_counter()
         _, loss = self.model(mt.tensor(x), mt.tensor(y))
-        value = loss.item()
+        self.losses.append(loss.item())
         t1 = time.perf_counter()
         self.opt.zero_grad()
         loss.backward()
@@ -44,90 +51,61 @@ class OursStep:
         optim.clip_grad_norm(self.model.parameters(), CLIP)
         self.opt.step()
         t3 = time.perf_counter()
-        return value, (t1 - t0, t2 - t1, t3 - t2)
+        return (t1 - t0, t2 - t1, t3 - t2)
 
 
-class TheirsStep:
-    def __init__(self, torch, model):
-        self.torch, self.model = torch, model
-        self.opt = torch_gpt.adamw(torch, model, LR, WEIGHT_DECAY, BETAS)
-
-    def __call__(self, x, y):
-        torch = self.torch
-        t0 = time.perf_counter()
-        _, loss = self.model(torch.from_numpy(x), torch.from_numpy(y))
-        value = loss.item()
-        t1 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        t2 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
-        self.opt.step()
-        t3 = time.perf_counter()
-        return value, (t1 - t0, t2 - t1, t3 - t2)
-
-
-def gemm_peak(torch, n=1024, repeat=20):
-    """The machine's float32 GEMM rate in FLOP/s: the best median of numpy's and PyTorch's n×n×n."""
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    rates = {"numpy": 2 * n**3 / _median_time(lambda: a @ b, repeat)}
-    if torch is not None:
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        rates["torch"] = 2 * n**3 / _median_time(lambda: ta @ tb, repeat)
-    return rates
-
-
-def _median_time(fn, repeat):
+def gemm_peak(n=1024, repeat=20):
+    """The machine's float32 GEMM rate in FLOP/s: numpy's n×n×n matmul (OpenBLAS), the faster of
+    the two libraries' here (PyTorch's measured at ~180 GFLOP/s against numpy's ~350)."""
+    a, b = torch_gpt.float_inputs(0, [(n, n), (n, n)])
     for _ in range(3):
-        fn()
+        a @ b
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        fn()
+        a @ b
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return 2 * n**3 / statistics.median(times)
 
 
-def measure(steps, warmup):
-    torch = try_import_torch()
+def measure(args, steps, warmup):
     mt.manual_seed(0)
     config = GPTConfig(**RECIPE)
     model = GPT(config)
-    runners = {"microtensor": OursStep(model)}
-    if torch is not None:
-        runners["pytorch"] = TheirsStep(torch, torch_gpt.from_microtensor(torch, model))
-    rng = np.random.default_rng(0)
-
-    def batch():
-        x = rng.integers(0, config.vocab_size, (BATCH, config.block_size + 1))
-        return np.ascontiguousarray(x[:, :-1]), np.ascontiguousarray(x[:, 1:])
-
-    # the first step from identical weights must give the same loss, or the comparison is void
-    x, y = batch()
-    losses = {name: run(x, y)[0] for name, run in runners.items()}
-    if torch is not None and abs(losses["microtensor"] - losses["pytorch"]) > 1e-4 * abs(losses["pytorch"]):
-        raise SystemExit(f"bench_train: the two models disagree on the first loss: {losses}")
-    for _ in range(warmup):
-        x, y = batch()
-        for run in runners.values():
-            run(x, y)
-    phases = {name: [] for name in runners}
-    for _ in range(steps):
-        x, y = batch()
-        for name, run in runners.items():
-            phases[name].append(run(x, y)[1])
+    ours = OursStep(model, seed=1)
+    torch_process = start_torch(args)
+    remote = {}
+    first = {}
+    with tempfile.TemporaryDirectory() as folder:
+        weights = Path(folder) / "weights.npz"
+        np.savez(weights, **model.state_dict())  # before any step: both start from these weights
+        ours()
+        first["microtensor"] = ours.losses[0]
+        if torch_process is not None:
+            reply = torch_process.ask(
+                setup="train", config=config.to_dict(), weights=str(weights), batch_size=BATCH, seed=1,
+                lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP,
+            )  # fmt: skip
+            first["pytorch"] = reply["first_loss"]
+            remote["pytorch"] = "train_step"
+    # the first step from identical weights on the same batch must give the same loss
+    if "pytorch" in first and abs(first["microtensor"] - first["pytorch"]) > 1e-4 * abs(first["pytorch"]):
+        raise SystemExit(f"bench_train: the two models disagree on the first loss: {first}")
+    # Blocks of 5 steps alternate between the libraries; the median is over every step.
+    timings = alternate({"microtensor": ours}, remote, torch_process, steps, block=5, warmup=warmup)
+    if torch_process is not None:
+        torch_process.close()
     results = {}
     tokens = BATCH * config.block_size
-    for name, rows in phases.items():
+    for name, rows in timings.items():
         medians = {phase: statistics.median(r[i] for r in rows) for i, phase in enumerate(PHASES)}
         step = statistics.median(sum(r) for r in rows)
         results[name] = dict(medians, step=step, tokens_per_s=tokens / step)
-    peak = gemm_peak(torch)
+    peak = gemm_peak()
     step_flops = 3 * torch_gpt.matmul_flops_per_token(config) * tokens
     for name in results:
-        results[name]["mfu"] = step_flops / results[name]["step"] / max(peak.values())
-    return {"config": dict(RECIPE, batch_size=BATCH), "first_loss": losses, "step_matmul_flops": step_flops, "gemm_peak_flops": peak, "libraries": results}
+        results[name]["mfu"] = step_flops / results[name]["step"] / peak
+    return {"config": dict(RECIPE, batch_size=BATCH), "first_loss": first, "step_matmul_flops": step_flops, "gemm_peak_flops": peak, "libraries": results}
 
 
 def show(results):
@@ -145,8 +123,10 @@ def show(results):
     table.add_row("tokens/s", f"{ours['tokens_per_s']:,.0f}", "-" if t is None else f"{t:,.0f}", fmt_ratio(None if t is None else ours["tokens_per_s"] / t))
     table.add_row("MFU", f"{ours['mfu']:.0%}", "-" if theirs is None else f"{theirs['mfu']:.0%}", "")
     console.print(table)
-    peak = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in results["gemm_peak_flops"].items())
-    console.print(f"step matmul work {results['step_matmul_flops'] / 1e9:.2f} GFLOP; GEMM peak (GFLOP/s, 1024³ float32): {peak}")
+    console.print(
+        f"step matmul work {results['step_matmul_flops'] / 1e9:.2f} GFLOP; "
+        f"GEMM peak {results['gemm_peak_flops'] / 1e9:.0f} GFLOP/s (numpy, 1024³ float32)"
+    )
 
 
 def main():
@@ -155,7 +135,7 @@ def main():
     args = p.parse_args()
     info = machine_info()
     print_machine(info)
-    results = measure(args.repeat or 60, args.warmup)
+    results = measure(args, args.repeat or 60, args.warmup)
     show(results)
     write_json(args.json, {"machine": info, "train": results})
 

@@ -1,64 +1,97 @@
 """What every benchmark shares: timing by medians, the machine's description, tables and JSON.
 
 Machines are shared and noisy, so a figure is the median of many timed repeats after warm-up, and
-every comparison with PyTorch is a ratio measured in the same process at the same time.
+every comparison with PyTorch is a ratio measured at the same time: blocks of calls alternate
+between microtensor, here, and PyTorch, in a process of its own (bench/torch_side.py).
 """
-import argparse
-import json
 import os
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-from rich.console import Console
-from rich.table import Table
-
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # the benchmarks run from a checkout, installed or not
     sys.path.insert(0, str(ROOT))
+
+# The environment as it was before microtensor adds its thread settings: PyTorch's process gets it.
+ENVIRONMENT_BEFORE_MICROTENSOR = dict(os.environ)
+
+import microtensor  # noqa: E402, F401  isort: skip  (before numpy: it sets up the thread pools)
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from importlib import metadata  # noqa: E402
+
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
 
 console = Console()
 
 
-def try_import_torch():
-    """PyTorch if installed (the reference), else None; its threads match numpy's cores."""
-    try:
-        import torch
-    except ImportError:
+class TorchProcess:
+    """The PyTorch side of a benchmark: bench/torch_side.py in a process of its own (see there why),
+    asked for setups and timings one JSON line at a time."""
+
+    def __init__(self):
+        script = Path(__file__).with_name("torch_side.py")
+        self.process = subprocess.Popen(
+            [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=ENVIRONMENT_BEFORE_MICROTENSOR, cwd=str(script.parent),
+        )  # fmt: skip
+        self.hello = json.loads(self.process.stdout.readline())
+
+    def ask(self, **request):
+        self.process.stdin.write(json.dumps(request, default=_jsonable) + "\n")
+        self.process.stdin.flush()
+        reply = json.loads(self.process.stdout.readline())
+        if "error" in reply:
+            raise RuntimeError(f"PyTorch side failed on {request}: {reply['error']}")
+        return reply["ok"]
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def _jsonable(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value.item()
+
+
+def start_torch(args):
+    """A TorchProcess when PyTorch is installed (and not --no-torch), else None: the benchmarks then
+    measure microtensor alone."""
+    if args.no_torch or importlib.util.find_spec("torch") is None:
         return None
-    torch.set_num_threads(os.cpu_count() or 1)
-    return torch
+    return TorchProcess()
 
 
-def time_call(fn, repeat=50, warmup=5, min_time=0.0):
-    """Median seconds per call of fn() over `repeat` timed calls (after `warmup` untimed ones)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    start_all = time.perf_counter()
-    while len(times) < repeat or time.perf_counter() - start_all < min_time:
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def alternate(local, remote, torch_process, calls, block=5, warmup=3):
+    """Timings of many calls of each function, in blocks of `block` calls that alternate between
+    the functions, so that a noisy neighbour slows all of them alike.
 
-
-def interleaved_medians(fns, repeat=50, warmup=5):
-    """Median seconds per call of each fn, timed in alternation so that a noisy neighbour on the
-    machine slows all of them alike and the ratios stay fair."""
-    for fn in fns.values():
+    local: {name: fn} run here; remote: {name: the name of a timed function in torch_process}.
+    A function that returns a tuple (its own phase timings) is recorded by that tuple, any other by
+    the seconds it took. Returns {name: [one entry per call]}.
+    """
+    for fn in local.values():
         for _ in range(warmup):
             fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    for remote_name in remote.values():
+        torch_process.ask(time=remote_name, n=warmup)
+    times = {name: [] for name in [*local, *remote]}
+    for _ in range(max(1, calls // block)):
+        for name, fn in local.items():
+            for _ in range(block):
+                start = time.perf_counter()
+                phases = fn()
+                times[name].append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
+        for name, remote_name in remote.items():
+            times[name] += torch_process.ask(time=remote_name, n=block)
+    return times
 
 
 def machine_info():
@@ -75,8 +108,10 @@ def machine_info():
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
         "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE", "(unset)"),
     }
-    torch = try_import_torch()
-    info["torch"] = torch.__version__ if torch is not None else "(not installed)"
+    try:
+        info["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        info["torch"] = "(not installed)"
     return info
 
 
@@ -122,6 +157,7 @@ def parser(description):
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--json", metavar="FILE", help="also write the results to this JSON file")
     p.add_argument("--repeat", type=int, default=None, help="timed repeats per measurement (default: per benchmark)")
+    p.add_argument("--no-torch", action="store_true", help="measure microtensor alone, even where PyTorch is installed")
     return p
 
 

@@ -101,14 +101,14 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
-def from_microtensor(torch, model):
-    """A PyTorch GPT holding exactly the weights of a microtensor GPT. nn.Linear stores its weight
-    as (out, in) where microtensor's is (in, out), so those are transposed."""
-    TorchGPT = build(torch, model.config)
+def from_arrays(torch, config, arrays):
+    """A PyTorch GPT holding exactly the weights in `arrays`, a dict of a microtensor GPT's
+    parameters by name (model.state_dict()). nn.Linear stores its weight as (out, in) where
+    microtensor's is (in, out), so those are transposed."""
+    TorchGPT = build(torch, config)
     theirs = TorchGPT()
-    ours = {name: p.data for name, p in model.named_parameters()}
     mapping = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight", "ln_f.weight": "transformer.ln_f.weight"}
-    if model.config.bias:
+    if config.bias:
         mapping["ln_f.bias"] = "transformer.ln_f.bias"
     for name, _ in theirs.named_parameters():
         if name.startswith("h."):
@@ -117,13 +117,35 @@ def from_microtensor(torch, model):
             mapping[name] = f"transformer.h.{layer}.{ours_rest}"
     with torch.no_grad():
         for name, p in theirs.named_parameters():
-            array = ours[mapping[name]]
+            array = np.asarray(arrays[mapping[name]])
             if array.ndim == 2 and not name.endswith(("wte.weight", "wpe.weight")):
                 array = array.T  # Linear: (in, out) -> (out, in)
             if tuple(array.shape) != tuple(p.shape):
-                raise ValueError(f"from_microtensor: {name} is {tuple(p.shape)} but {mapping[name]} is {array.shape}")
+                raise ValueError(f"from_arrays: {name} is {tuple(p.shape)} but {mapping[name]} is {array.shape}")
             p.copy_(torch.from_numpy(np.ascontiguousarray(array)))
     return theirs
+
+
+def from_microtensor(torch, model):
+    """A PyTorch GPT with the weights of a microtensor GPT (in the same process)."""
+    return from_arrays(torch, model.config, {name: p.data for name, p in model.named_parameters()})
+
+
+def float_inputs(seed, shapes):
+    """float32 standard-normal arrays of these shapes: the same in every process for one seed."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+
+def integer_inputs(seed, high, shape):
+    """Integer ids in [0, high): the same in every process for one seed."""
+    return np.random.default_rng(seed).integers(0, high, shape)
+
+
+def random_batch(rng, batch_size, block_size, vocab_size):
+    """Inputs and next-token targets (B, T), from the generator's next draw."""
+    x = rng.integers(0, vocab_size, (batch_size, block_size + 1))
+    return np.ascontiguousarray(x[:, :-1]), np.ascontiguousarray(x[:, 1:])
 
 
 def adamw(torch, model, lr, weight_decay, betas):

@@ -18,11 +18,13 @@ import os
 # runs Numba's parallel kernels. After its work each pool's threads spin for a while, waiting for
 # more, and steal the cores from the other pool's next call: a GPT training step ran 6x slower
 # (300 ms instead of 49 ms on 2 cores) with OpenBLAS spinning, and 1.6x slower (70 ms instead of
-# 43 ms) with OpenMP spinning. So OpenBLAS spins only briefly (2^4 cycles) and OpenMP's threads
-# sleep as soon as a kernel ends. Both libraries read these when they load, so they take effect
-# only when microtensor is imported before numpy; a value you set yourself is kept.
+# 43 ms) with OpenMP's default spin. Sleeping at once is no better: waking a sleeping thread took
+# ~100 µs here, more than a whole small kernel. So OpenBLAS spins 2^4 cycles and OpenMP 1,000
+# rounds (a few µs): kernels that follow each other find the threads awake, a matrix product
+# finds the cores free. Both libraries read these when they load, so they take effect only when
+# microtensor is imported before numpy; a value you set yourself is kept.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import numpy as np  # noqa: E402
 
@@ -32,6 +34,7 @@ from . import functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
 from .gradcheck import GradcheckError, gradcheck, gradcheck_case
 from .ops.matmul import get_matmul, set_matmul
+from .threads import num_threads
 from .ops.shape import cat, concat, split, stack, where
 from .random import get_generator, manual_seed
 

@@ -14,5 +14,5 @@ from .ops.gelu import gelu
 from .ops.silu import silu, swiglu
 from .ops.embedding import embedding
 from .ops.dropout import dropout
-from .ops.attention import scaled_dot_product_attention
+from .ops.attention import multi_head_attention, scaled_dot_product_attention
 from .ops.rope import rope

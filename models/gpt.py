@@ -25,6 +25,9 @@ import microtensor.functional as F
 from microtensor import nn
 
 
+SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int
@@ -92,6 +95,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cache=None, offset=0):
         B, T, C = x.shape
         H = self.n_head
+        if cache is None and self.pos == "learned":
+            # training: split into heads, attend, merge, all in one op (equal to the steps below)
+            return self.resid_dropout(self.c_proj(F.multi_head_attention(self.c_attn(x), H)))
         qkv = self.c_attn(x).reshape(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
         q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, H, T, D)
         if self.pos == "rope":
@@ -216,13 +222,16 @@ class GPT(nn.Module):
                         start = idx.shape[1] - block // 2
                         caches = None
                     window = idx[:, start:]
-                    if not use_kv_cache:
-                        logits, _ = self(window)
-                    else:
-                        if caches is None:
-                            caches, fed = self.new_caches(idx.shape[0]), 0
-                        logits, _ = self(window[:, fed:], caches=caches, offset=fed)
-                        fed = window.shape[1]
+                    if caches is None and use_kv_cache:
+                        caches, fed = self.new_caches(idx.shape[0]), 0
+                    new_tokens = window[:, fed:] if use_kv_cache else window
+                    # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
+                    with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
+                        if use_kv_cache:
+                            logits, _ = self(new_tokens, caches=caches, offset=fed)
+                            fed = window.shape[1]
+                        else:
+                            logits, _ = self(window)
                     last = logits.data[:, -1, :]  # (B, V)
                     token = sample(last, temperature, top_k, top_p, rng)
                     idx = np.concatenate([idx, token[:, None]], axis=1)

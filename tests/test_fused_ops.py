@@ -103,6 +103,21 @@ def test_attention_against_reference(causal, Tq, Tk):
     np.testing.assert_allclose(got32.numpy(), got, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_multi_head_attention_splits_attends_and_merges(causal):
+    B, T, H, D = 2, 5, 3, 4
+    qkv = randn(B, T, 3 * H * D)
+    heads = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, D), by hand
+    expected = attention_reference(heads[0], heads[1], heads[2], causal).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+    got = F.multi_head_attention(mt.tensor(qkv), H, causal=causal).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    got32 = F.multi_head_attention(mt.tensor(qkv.astype(np.float32)), H, causal=causal)
+    assert got32.dtype == mt.float32
+    np.testing.assert_allclose(got32.numpy(), got, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="multi_head_attention: the last dim of qkv"):
+        F.multi_head_attention(mt.tensor(qkv[:, :, :-1]), H)
+
+
 def test_incremental_attention_equals_the_full_causal_forward():
     q, k, v = randn(1, 2, 6, 4), randn(1, 2, 6, 4, seed=1), randn(1, 2, 6, 4, seed=2)
     full = F.scaled_dot_product_attention(mt.tensor(q), mt.tensor(k), mt.tensor(v)).numpy()

@@ -14,6 +14,8 @@ every output gradient back to the element it was copied from:
     where     y = a where cond else b                 dL/da = g where cond, dL/db = g where not cond
                                                       (each unbroadcast to its input's shape)
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function, unbroadcast
@@ -125,13 +127,13 @@ class Where(Function):
 def _resolve_shape(x, shape):
     """`shape` with its one allowed -1 replaced by the size that keeps the element count."""
     shape = tuple(int(n) for n in shape)
-    known = int(np.prod([n for n in shape if n != -1], dtype=np.int64))
+    known = math.prod(n for n in shape if n != -1)
     unknown = shape.count(-1)
     if unknown > 1 or any(n < -1 for n in shape):
         raise ValueError(f"reshape: invalid shape {shape} (sizes must be >= 0, with at most one -1)")
     if unknown == 1 and known > 0 and x.data.size % known == 0:
         shape = tuple(x.data.size // known if n == -1 else n for n in shape)
-    if -1 in shape or int(np.prod(shape, dtype=np.int64)) != x.data.size:
+    if -1 in shape or math.prod(shape) != x.data.size:
         raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.data.size} elements) into {shape}")
     return shape
 

@@ -1,0 +1,172 @@
+"""The PyTorch side of the benchmarks, in a process of its own.
+
+A process has one OpenMP runtime, shared by PyTorch and by Numba's parallel kernels, and
+microtensor shortens how long its threads spin after a kernel (microtensor/__init__.py). In one
+process PyTorch would run with microtensor's setting (with threads sleeping at once, its training
+step was ~1.6x slower) or microtensor with PyTorch's (ours ~1.3x slower). So each benchmark starts this script with the
+environment it was itself started with, and asks it, one JSON line at a time on stdin/stdout, to
+build the PyTorch version of what it measures and to time blocks of calls, alternating with
+blocks of its own (common.TorchProcess).
+
+Requests: {"setup": kind, ...arguments} builds the timed functions of one benchmark;
+{"time": name, "n": n} returns n timings of one of them (seconds, or its phase seconds);
+{"call": name} returns its result.
+"""
+import torch  # isort: skip  (first, with its own defaults: see above)
+import json
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch_gpt
+
+TIMED = {}  # name -> function; a tuple it returns is its own phase timings, else it is timed here
+
+
+def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip):
+    """The training step; returns the loss of the first batch (the caller compares it with its own)."""
+    config = SimpleNamespace(**config)
+    model = torch_gpt.from_arrays(torch, config, dict(np.load(weights)))
+    optimizer = torch_gpt.adamw(torch, model, lr, weight_decay, tuple(betas))
+    rng = np.random.default_rng(seed)
+    losses = []
+
+    def step():
+        x, y = torch_gpt.random_batch(rng, batch_size, config.block_size, config.vocab_size)
+        t0 = time.perf_counter()
+        _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+        losses.append(loss.item())
+        t1 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        t3 = time.perf_counter()
+        return (t1 - t0, t2 - t1, t3 - t2)
+
+    TIMED["train_step"] = step
+    step()
+    return {"first_loss": losses[0]}
+
+
+def setup_generate(config, weights, new_tokens):
+    """Greedy generation from a 1-token prompt, with the KV cache and recomputing every token."""
+    config = SimpleNamespace(**config)
+    model = torch_gpt.from_arrays(torch, config, dict(np.load(weights)))
+    model.eval()
+
+    def generate(use_kv_cache):
+        with torch.inference_mode():
+            idx = torch.zeros((1, 1), dtype=torch.int64)
+            caches = model.new_caches(1) if use_kv_cache else None
+            fed = 0
+            for _ in range(new_tokens):
+                if use_kv_cache:  # the tokens not yet in the cache, at the positions after them
+                    logits, _ = model(idx[:, fed:], caches=caches, offset=fed)
+                    fed = idx.shape[1]
+                else:
+                    logits, _ = model(idx)
+                token = logits[:, -1].argmax(dim=-1, keepdim=True)
+                idx = torch.cat([idx, token], dim=1)
+        return idx[0].tolist()
+
+    TIMED["generate_kv_cache"] = lambda: generate(True)
+    TIMED["generate_recompute"] = lambda: generate(False)
+    return {}
+
+
+def _torch_op(kind, dims):
+    """The PyTorch function of one op of bench/bench_ops.py, taking its float inputs as tensors."""
+    tf = torch.nn.functional
+    if kind == "matmul":
+        return lambda a, b: a @ b
+    if kind == "softmax":
+        return lambda x: torch.softmax(x, dim=-1)
+    if kind == "layer_norm":
+        return lambda x, w, b: tf.layer_norm(x, (dims[-1],), w, b)
+    if kind == "rms_norm":
+        return lambda x, w: tf.rms_norm(x, (dims[-1],), w, eps=1e-5)
+    if kind == "gelu_tanh":
+        return lambda x: tf.gelu(x, approximate="tanh")
+    if kind == "gelu_erf":
+        return lambda x: tf.gelu(x)
+    if kind == "silu":
+        return tf.silu
+    if kind == "attention":
+        return lambda q, k, v: tf.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if kind == "cross_entropy":
+        targets = torch.from_numpy(torch_gpt.integer_inputs(1, dims[-1], dims[0]))
+        return lambda x: tf.cross_entropy(x, targets)
+    if kind == "embedding":
+        ids = torch.from_numpy(torch_gpt.integer_inputs(1, dims[0], (12, 64)))
+        return lambda w: tf.embedding(ids, w)
+    raise ValueError(f"torch_side: unknown op {kind!r}")
+
+
+def setup_op(name, kind, shapes, seed):
+    """`name`/forward and `name`/forward_backward for one op on the inputs bench_ops.py uses."""
+    fn = _torch_op(kind, shapes[0])
+    inputs = [torch.tensor(a, requires_grad=True) for a in torch_gpt.float_inputs(seed, shapes)]
+    out_shape = tuple(fn(*inputs).shape)
+    upstream = torch.from_numpy(torch_gpt.float_inputs(seed + 1, [out_shape])[0])
+
+    def forward():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def forward_backward():
+        fn(*inputs).backward(upstream)
+        for t in inputs:
+            t.grad = None
+
+    TIMED[f"{name}/forward"] = forward
+    TIMED[f"{name}/forward_backward"] = forward_backward
+    return {}
+
+
+def setup_adamw(shapes, seed, lr, weight_decay, betas):
+    params = [torch.tensor(a, requires_grad=True) for a in torch_gpt.float_inputs(seed, shapes)]
+    for p, g in zip(params, torch_gpt.float_inputs(seed + 1, shapes)):
+        p.grad = torch.from_numpy(g)
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    TIMED["adamw_step"] = optimizer.step
+    return {}
+
+
+SETUPS = {"train": setup_train, "generate": setup_generate, "op": setup_op, "adamw": setup_adamw}
+
+
+def timings(name, n):
+    fn, result = TIMED[name], []
+    for _ in range(n):
+        start = time.perf_counter()
+        phases = fn()
+        result.append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
+    return result
+
+
+def answer(request):
+    if "setup" in request:
+        kind = request.pop("setup")
+        return SETUPS[kind](**request)
+    if "time" in request:
+        return timings(request["time"], request["n"])
+    if "call" in request:
+        return TIMED[request["call"]]()
+    raise ValueError(f"torch_side: unknown request {request}")
+
+
+def main():
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        try:
+            reply = {"ok": answer(json.loads(line))}
+        except Exception as error:  # reported to the benchmark, which stops with it
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    main()
