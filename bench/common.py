@@ -20,7 +20,6 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from importlib import metadata  # noqa: E402

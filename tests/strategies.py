@@ -1,5 +1,4 @@
 """A gradcheck `draw` whose choices come from hypothesis, so failing cases shrink and replay."""
-import numpy as np
 from hypothesis import strategies as st
 
 from microtensor.gradcheck import RandomDraw

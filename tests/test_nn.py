@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 import microtensor as mt
-import microtensor.functional as F
 import microtensor.nn as nn
 from microtensor.optim import SGD
 
