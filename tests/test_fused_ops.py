@@ -92,9 +92,18 @@ def test_dropout_statistics_and_modes():
         F.dropout(x, 1.0)
 
 
+@pytest.fixture(params=["blas", "numba"])
+def matmul_backend(request):
+    """Run the test once with each way of computing products (attention has a path for each)."""
+    previous = mt.get_matmul()
+    mt.set_matmul(request.param)
+    yield request.param
+    mt.set_matmul(previous)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("Tq, Tk", [(5, 5), (2, 5), (1, 4)])
-def test_attention_against_reference(causal, Tq, Tk):
+def test_attention_against_reference(causal, Tq, Tk, matmul_backend):
     q, k, v = randn(2, 3, Tq, 4), randn(2, 3, Tk, 4, seed=1), randn(2, 3, Tk, 4, seed=2)
     got = F.scaled_dot_product_attention(mt.tensor(q), mt.tensor(k), mt.tensor(v), causal=causal).numpy()
     np.testing.assert_allclose(got, attention_reference(q, k, v, causal), rtol=1e-12, atol=1e-12)
@@ -104,7 +113,7 @@ def test_attention_against_reference(causal, Tq, Tk):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_multi_head_attention_splits_attends_and_merges(causal):
+def test_multi_head_attention_splits_attends_and_merges(causal, matmul_backend):
     B, T, H, D = 2, 5, 3, 4
     qkv = randn(B, T, 3 * H * D)
     heads = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, D), by hand
@@ -206,6 +215,8 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
         (embedding.embedding_backward, (a, ids, a.copy())),
         (attention.attention_forward, (q, q, q, f(0.5), True, q.copy(), probs.copy())),
         (attention.attention_backward, (q, q, q, q, probs, f(0.5), True, q.copy(), q.copy(), q.copy())),
+        (attention.masked_softmax_forward, (probs[0].copy(), f(0.5), True)),
+        (attention.masked_softmax_backward, (probs[0], probs[0].copy(), f(0.5))),
     ]
     promoted = {}
     for kernel, args in calls:

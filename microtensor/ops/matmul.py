@@ -142,7 +142,9 @@ def matmul(a, b):
 # --------------------------------------------------------------------------------- gradcheck cases
 
 
-def _with_backend(backend, fn):
+def with_matmul(backend, fn):
+    """fn, run with `backend` chosen for matrix products (for gradcheck cases that cover both)."""
+
     def run(*inputs):
         previous = get_matmul()
         set_matmul(backend)
@@ -168,4 +170,4 @@ def _matmul_case(draw):
     else:
         shapes = draw.choice((((k,), (k, m)), ((n, k), (k,)), ((k,), (k,))))
     a, b = draw.tensor(shapes[0]), draw.tensor(shapes[1])
-    return _with_backend(draw.choice(BACKENDS), matmul), (a, b)
+    return with_matmul(draw.choice(BACKENDS), matmul), (a, b)
