@@ -1,0 +1,132 @@
+"""Where a training step's time goes: each Function's forward and backward, per step.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_step.py [--steps 40] [--json FILE]
+
+Every Function subclass's forward and backward is wrapped in a timer for the length of the run
+(nothing in microtensor itself changes), the default recipe trains for --steps steps after a
+warm-up, and a table gives, per Function, milliseconds per step, calls per step and µs per call,
+largest first. What no Function accounts for (the backward walk, gradient accumulation, Python
+between ops, the optimizer's own kernels) is the difference between the step and the sum of the rows.
+"""
+from common import console, machine_info, parser, print_machine, write_json  # isort: skip  (first: it imports microtensor before numpy)
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+from rich.table import Table
+
+import microtensor as mt
+from microtensor import optim
+from microtensor.autograd import Function
+from models.gpt import GPT, GPTConfig
+
+RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+BATCH = 12
+
+
+def all_functions(cls=Function):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from all_functions(sub)
+
+
+class FunctionTimers:
+    """Seconds and calls per (Function name, "forward" | "backward"), while installed."""
+
+    def __init__(self):
+        self.seconds, self.calls, self.originals = defaultdict(float), defaultdict(int), []
+
+    def _timed(self, key, method):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            self.seconds[key] += time.perf_counter() - start
+            self.calls[key] += 1
+            return result
+
+        return staticmethod(run)
+
+    def install(self):
+        for cls in set(all_functions()):
+            for phase in ("forward", "backward"):
+                if phase in vars(cls):
+                    self.originals.append((cls, phase, vars(cls)[phase]))
+                    setattr(cls, phase, self._timed((cls.__name__, phase), getattr(cls, phase)))
+
+    def uninstall(self):
+        for cls, phase, original in reversed(self.originals):
+            setattr(cls, phase, original)
+        self.originals.clear()
+
+    def reset(self):
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def profile(steps, warmup):
+    mt.manual_seed(0)
+    model = GPT(GPTConfig(**RECIPE))
+    opt = optim.AdamW(optim.weight_decay_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
+    rng = np.random.default_rng(0)
+    timers = FunctionTimers()
+    timers.install()
+    phases = defaultdict(list)
+    try:
+        for step in range(warmup + steps):
+            if step == warmup:
+                timers.reset()
+            x, y = (rng.integers(0, RECIPE["vocab_size"], (BATCH, RECIPE["block_size"])) for _ in range(2))
+            t0 = time.perf_counter()
+            _, loss = model(mt.tensor(x), mt.tensor(y))
+            t1 = time.perf_counter()
+            opt.zero_grad()
+            loss.backward()
+            t2 = time.perf_counter()
+            optim.clip_grad_norm(model.parameters(), 1.0)
+            opt.step()
+            t3 = time.perf_counter()
+            if step >= warmup:
+                for name, seconds in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2), ("step", t3 - t0)):
+                    phases[name].append(seconds)
+    finally:
+        timers.uninstall()
+    rows = [
+        {"function": name, "phase": phase, "ms_per_step": seconds / steps * 1e3, "calls_per_step": timers.calls[(name, phase)] / steps,
+         "us_per_call": seconds / timers.calls[(name, phase)] * 1e6}
+        for (name, phase), seconds in timers.seconds.items()
+    ]  # fmt: skip
+    rows.sort(key=lambda row: -row["ms_per_step"])
+    return {"steps": steps, "phases_ms": {k: statistics.median(v) * 1e3 for k, v in phases.items()}, "functions": rows}
+
+
+def show(results):
+    phases = results["phases_ms"]
+    console.print(
+        f"median step {phases['step']:.2f} ms: forward {phases['forward']:.2f}, backward {phases['backward']:.2f}, "
+        f"optimizer {phases['optimizer']:.2f} (timers add a few µs a call)"
+    )
+    table = Table(title=f"time per training step by Function, default recipe, {results['steps']} steps")
+    for column in ("Function", "phase", "ms / step", "calls / step", "µs / call"):
+        table.add_column(column, justify="left" if column in ("Function", "phase") else "right")
+    for row in results["functions"]:
+        table.add_row(row["function"], row["phase"], f"{row['ms_per_step']:.2f}", f"{row['calls_per_step']:.0f}", f"{row['us_per_call']:.0f}")
+    total = sum(row["ms_per_step"] for row in results["functions"])
+    table.add_row("all Functions", "", f"{total:.2f}", "", "")
+    console.print(table)
+
+
+def main():
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=40, help="timed training steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
+    args = p.parse_args()
+    info = machine_info()
+    print_machine(info)
+    results = profile(args.steps, args.warmup)
+    show(results)
+    write_json(args.json, {"machine": info, "profile": results})
+
+
+if __name__ == "__main__":
+    main()
