@@ -126,8 +126,8 @@ def test_kernels_do_their_arithmetic_in_the_input_dtype():
     logits = np.ones((2, 3), np.float32)
     targets = np.array([0, 2], np.int64)
     calls = [
-        (ce.cross_entropy_forward_kernel, (logits, targets, -100, np.ones(2, np.float32), logits.copy())),
-        (ce.cross_entropy_backward_kernel, (logits, targets, -100, np.float32(0.5), logits.copy())),
+        (ce.cross_entropy_forward_kernel, (logits, targets, -100, np.ones(2, np.float32), logits.copy(), np.ones(2, np.float32))),
+        (ce.cross_entropy_backward_kernel, (logits, np.ones(2, np.float32), targets, -100, np.float32(0.5), logits.copy())),
     ]
     for kernel, args in calls:
         fresh = numba.njit(kernel.py_func)

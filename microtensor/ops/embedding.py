@@ -7,13 +7,23 @@ row it was copied from:
 
     dL/dW[v, :] = sum over positions p with ids[p] = v of g[p, :]          (V, C)
 
-An id that appears several times collects all its gradients. Done in parallel over rows this would
-race (two threads adding into the same row of dW), so the scatter-add runs over the columns in
-parallel instead: every thread owns a band of columns c and walks all positions, so no element of
-dW is written by two threads. ids need no gradient.
+An id that appears several times collects all its gradients.
+
+The kernels are serial. At the GPT's shapes (768 ids into a (65, 128) table, float32) a kernel
+copies or adds ~100k numbers, ~10-20 µs on one core, less than it costs here to wake the second
+core's thread (~75 µs). Measured at that shape, forward / forward+backward: 46 / 186 µs with the
+earlier kernels (a parallel backward, row copies by slices, the range check by numpy), 17 / 34 µs
+with these.
+Serial also makes the scatter-add trivially race-free: in parallel, two threads handling positions
+with the same id would add into the same row of dW at once (the earlier parallel kernel ran over
+columns instead, each thread owning a band of columns, which reads grad_out with a stride of C and
+was slower). Both kernels walk rows with an explicit loop over columns, which the compiler turns
+into vector loads and stores; `y[n, :] = weight[ids[n], :]` built two array views per row.
+The range check of the ids is a loop too: `ids.min()` and `ids.max()` cost two numpy calls.
+ids need no gradient.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
@@ -26,28 +36,41 @@ def embedding_reference(ids, weight):
 
 
 @njit(cache=True)
-def embedding_forward(ids, weight, y):
-    """ids (N,), weight (V, C) -> y (N, C)."""
+def first_id_out_of_range(ids, num_embeddings):
+    """The position of the first id outside [0, num_embeddings) in ids (N,), or -1 if there is none."""
     for n in range(ids.shape[0]):
-        y[n, :] = weight[ids[n], :]
+        if ids[n] < 0 or ids[n] >= num_embeddings:
+            return n
+    return -1
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
+def embedding_forward(ids, weight, y):
+    """ids (N,), weight (V, C) -> y (N, C): y[n] = weight[ids[n]]."""
+    N, C = y.shape
+    for n in range(N):
+        row = ids[n]
+        for c in range(C):
+            y[n, c] = weight[row, c]
+
+
+@njit(cache=True, error_model="numpy")
 def embedding_backward(grad_out, ids, grad_weight):
-    """grad_out (N, C), ids (N,) -> grad_weight (V, C), zeroed first; parallel over columns."""
+    """grad_out (N, C), ids (N,) -> grad_weight (V, C), zeroed first: grad_weight[ids[n]] += grad_out[n]."""
     N, C = grad_out.shape
     grad_weight[:] = 0
-    for c in prange(C):
-        for n in range(N):
-            grad_weight[ids[n], c] += grad_out[n, c]
+    for n in range(N):
+        row = ids[n]
+        for c in range(C):
+            grad_weight[row, c] += grad_out[n, c]
 
 
 class Embedding(Function):
     @staticmethod
     def forward(ctx, ids, weight):
-        flat_ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        w = np.ascontiguousarray(weight)
-        y = np.empty((flat_ids.shape[0], w.shape[1]), dtype=w.dtype)
+        flat_ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)  # (N,), no copy for int64 ids
+        w = np.ascontiguousarray(weight)  # (V, C)
+        y = np.empty((flat_ids.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C)
         embedding_forward(flat_ids, w, y)
         ctx.save_for_backward(flat_ids)
         ctx.weight_shape = w.shape
@@ -56,8 +79,8 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx, grad_out):
         (flat_ids,) = ctx.saved_tensors
-        g = np.ascontiguousarray(grad_out).reshape(flat_ids.shape[0], -1)
-        grad_weight = np.empty(ctx.weight_shape, dtype=grad_out.dtype)
+        g = np.ascontiguousarray(grad_out).reshape(flat_ids.shape[0], -1)  # (N, C)
+        grad_weight = np.empty(ctx.weight_shape, dtype=grad_out.dtype)  # (V, C)
         embedding_backward(g, flat_ids, grad_weight)
         return None, grad_weight
 
@@ -70,8 +93,9 @@ def embedding(ids, weight):
     check_float("embedding", weight)
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be (num_embeddings, dim), got shape {weight.shape}")
-    if ids.data.size and (ids.data.min() < 0 or ids.data.max() >= weight.shape[0]):
-        bad = ids.data[(ids.data < 0) | (ids.data >= weight.shape[0])].reshape(-1)[0]
+    bad_position = first_id_out_of_range(ids.data.reshape(-1), weight.shape[0])
+    if bad_position >= 0:
+        bad = ids.data.reshape(-1)[bad_position]
         raise IndexError(f"embedding: id {bad} is out of range for a table of {weight.shape[0]} rows (ids must be in [0, {weight.shape[0]}))")
     return Embedding.apply(ids, weight)
 

@@ -14,9 +14,13 @@ Backward, with g = dL/dy (C,) and d_i = dL/dxhat_i = g_i w_i:
     dL/dx_j = sum_i d_i dxhat_i/dx_j = rstd (d_j - xhat_j mean_i(d_i xhat_i))   (C,)
 
 The forward saves rstd per row (N,); backward rebuilds xhat from x.
+
+The kernels are serial: at the GPT's shape (768, 128) each is 10-25 µs of work on one core, less
+than waking the second core's thread costs here (~75 µs). Measured in float32, forward / forward +
+backward: 60 / 179 µs with the kernels parallel over rows, 22 / 92 µs serial.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
@@ -32,12 +36,12 @@ def rms_norm_reference(x, weight=None, eps=1e-5):
     return y if weight is None else y * weight
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def rms_norm_forward(x, weight, eps, y, rstd):
     """x (N, C), weight (C,) -> y (N, C); saves rstd (N,)."""
     N, C = x.shape
     zero, one, count = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)  # typed: no float64 creeps in
-    for n in prange(N):
+    for n in range(N):
         squares = zero
         for c in range(C):
             squares += x[n, c] * x[n, c]
@@ -47,12 +51,12 @@ def rms_norm_forward(x, weight, eps, y, rstd):
         rstd[n] = r
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
     """grad_x (N, C) = rstd (d - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
     zero, count = x.dtype.type(0), x.dtype.type(C)
-    for n in prange(N):
+    for n in range(N):
         r = rstd[n]
         d_xhat_sum = zero
         for c in range(C):
