@@ -147,22 +147,32 @@ def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, 
 @njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def masked_softmax_forward(scores, scale, causal):
     """scores (N, Tq, Tk) = q kᵀ, in place -> P = softmax(scale * scores) along the keys, with the
-    keys a query may not see (causal: key j > Tk - Tq + i) at probability 0."""
+    keys a query may not see (causal: key j > Tk - Tq + i) at probability 0.
+
+    Three passes over the rows of one (b, h), not one loop doing everything per row: within a row
+    each step waits for the one before (the maximum for the exponentials, their sum for the
+    division), and 64 keys are too few to hide that wait; rows of one pass are independent and
+    overlap. 3072 rows of 64, float32, one thread: 282 µs instead of 375."""
     N, Tq, Tk = scores.shape
     zero, one = scores.dtype.type(0), scores.dtype.type(1)
     for n in prange(N):
         s = scores[n]  # (Tq, Tk), one (b, h)
+        row_max = np.empty(Tq, dtype=scores.dtype)
+        total = np.empty(Tq, dtype=scores.dtype)
         for i in range(Tq):
             if causal:
                 for j in range(Tk - Tq + i + 1, Tk):
                     s[i, j] = -np.inf
-            row_max = max_of_row(s, i)  # scale > 0, so the max of s is the max of scale * s
-            total = zero
+            row_max[i] = max_of_row(s, i)  # scale > 0: the max of s is where scale * s is largest
+        for i in range(Tq):
+            row_total = zero
             for j in range(Tk):
-                e = exp_of_nonpositive((s[i, j] - row_max) * scale)
+                e = exp_of_nonpositive((s[i, j] - row_max[i]) * scale)
                 s[i, j] = e
-                total += e
-            inverse = one / total
+                row_total += e
+            total[i] = row_total
+        for i in range(Tq):
+            inverse = one / total[i]
             for j in range(Tk):
                 s[i, j] *= inverse
 
@@ -170,17 +180,21 @@ def masked_softmax_forward(scores, scale, causal):
 @njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def masked_softmax_backward(probs, d_probs, scale):
     """d_probs (N, Tq, Tk) = dL/dP, in place -> dL/dS = scale * P * (dP - sum_j P dP), per row: the
-    softmax JVP and the scale's chain rule. Masked keys have P = 0 and get 0."""
+    softmax JVP and the scale's chain rule. Masked keys have P = 0 and get 0. Two passes, for the
+    reason given in masked_softmax_forward."""
     N, Tq, Tk = probs.shape
     zero = probs.dtype.type(0)
     for n in prange(N):
         p, dp = probs[n], d_probs[n]  # (Tq, Tk)
+        row_dot = np.empty(Tq, dtype=probs.dtype)  # sum_j P_ij dP_ij
         for i in range(Tq):
-            row_dot = zero
+            dot = zero
             for j in range(Tk):
-                row_dot += p[i, j] * dp[i, j]
+                dot += p[i, j] * dp[i, j]
+            row_dot[i] = dot
+        for i in range(Tq):
             for j in range(Tk):
-                dp[i, j] = p[i, j] * (dp[i, j] - row_dot) * scale
+                dp[i, j] = p[i, j] * (dp[i, j] - row_dot[i]) * scale
 
 
 def attend(q, k, v, causal, out):

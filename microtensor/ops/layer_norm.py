@@ -24,9 +24,14 @@ and dL/dx_j = sum_i d_i dxhat_i/dx_j = rstd (d_j - mean_i(d_i) - xhat_j mean_i(d
 
 Two row means and one elementwise pass: the forward saves mean and rstd per row (N,) so that
 backward rebuilds xhat instead of storing it.
+
+The kernels run on one thread, although the rows are independent: at the GPT's shape (768, 128)
+the work (~50 µs) is less than what handing half the rows to a second thread costs here (waking
+it takes ~75 µs on a 2-core virtual machine). Measured inside a training step, per call: forward
+81 µs on one thread against 130 µs on two, backward 124 against 160 µs.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
@@ -48,13 +53,13 @@ def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
     return y
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
     """x (N, C), weight (C,), bias (C,) -> y (N, C); saves mean (N,) and rstd (N,).
     Without a weight or bias the caller passes ones or zeros."""
     N, C = x.shape
     zero, one, count = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)  # typed: no float64 creeps in
-    for n in prange(N):
+    for n in range(N):
         total = zero
         for c in range(C):
             total += x[n, c]
@@ -69,12 +74,12 @@ def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
         rstd[n] = r
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
     """grad_x (N, C) = rstd (d - mean(d) - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
     zero, count = x.dtype.type(0), x.dtype.type(C)
-    for n in prange(N):
+    for n in range(N):
         m, r = mean[n], rstd[n]
         d_sum = zero
         d_xhat_sum = zero
