@@ -10,10 +10,14 @@ learned or rotary positions, biases, and tied input/output embeddings (logits = 
 
 Generation (`generate`, `generate_tokens`) runs without gradients and, by default, with a KV cache:
 each layer keeps its keys and values in arrays (B, H, block_size, D) with a write position, so a new
-token costs one token's work. The context window rule, shared by the cached and uncached paths so
-that both compute exactly the same logits: the model sees the tokens from `start` on; once they
-would exceed block_size, `start` jumps forward so that the last block_size // 2 tokens remain, and
-the cache is rebuilt from those (positions restart at 0 in the new window).
+token costs one token's work. The prompt (many tokens at once) goes through the modules above, which
+fill the caches; every later token, one per sequence, goes through `models/decode.py`, one Numba
+kernel call for the whole model on plain arrays (through the modules, one token is ~60 Function
+calls whose Python costs several times the token's arithmetic). Both compute the same logits and
+write the same cache arrays. The context window rule, shared by the cached and uncached paths so
+that both compute the same logits: the model sees the tokens from `start` on; once they would
+exceed block_size, `start` jumps forward so that the last block_size // 2 tokens remain, and the
+cache is rebuilt from those (positions restart at 0 in the new window).
 """
 import math
 from dataclasses import asdict, dataclass
@@ -23,6 +27,8 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from microtensor import nn
+
+from .decode import decode, decode_weights
 
 
 SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
@@ -68,11 +74,12 @@ def _norm(config, dtype):
 
 
 class KVCache:
-    """One layer's keys and values for generation: (B, H, block_size, D) arrays and a write position."""
+    """One layer's keys and values for generation: (B, H, block_size, D) arrays and a write position.
+    GPT.new_caches makes them views of two arrays (n_layer, B, H, block_size, D), which the decode
+    kernel takes whole."""
 
-    def __init__(self, batch, n_head, block_size, head_size, dtype):
-        self.k = np.zeros((batch, n_head, block_size, head_size), dtype=dtype)
-        self.v = np.zeros_like(self.k)
+    def __init__(self, k, v):
+        self.k, self.v = k, v  # each (B, H, block_size, D)
         self.length = 0  # how many positions hold keys and values
 
     def append(self, k, v):
@@ -199,10 +206,17 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------------------ generation
 
-    def new_caches(self, batch):
+    def new_cache_arrays(self, batch):
+        """Zeroed keys and values of every layer: two arrays (n_layer, B, H, block_size, D)."""
         c = self.config
         dtype = self.transformer.wte.weight.dtype
-        return [KVCache(batch, c.n_head, c.block_size, c.n_embd // c.n_head, dtype) for _ in range(c.n_layer)]
+        keys = np.zeros((c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
+        return keys, np.zeros_like(keys)
+
+    def new_caches(self, batch):
+        """One empty KVCache per layer."""
+        keys, values = self.new_cache_arrays(batch)
+        return [KVCache(k, v) for k, v in zip(keys, values)]
 
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
         """Yield (next token ids (B,), their logits (B, V)) one step at a time; see the module
@@ -213,6 +227,9 @@ class GPT(nn.Module):
         rng = np.random.default_rng(seed)
         block = self.config.block_size
         start, caches, fed = max(0, idx.shape[1] - block), None, 0  # fed: tokens of the window in the cache
+        if use_kv_cache:
+            weights = decode_weights(self)  # a copy: the weights cannot change while the generator runs
+            keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
         was_training = self.training
         self.eval()
         try:
@@ -223,16 +240,23 @@ class GPT(nn.Module):
                         caches = None
                     window = idx[:, start:]
                     if caches is None and use_kv_cache:
-                        caches, fed = self.new_caches(idx.shape[0]), 0
+                        # the old window's entries need no clearing: attention reads positions < length only
+                        caches, fed = [KVCache(k, v) for k, v in zip(keys, values)], 0
                     new_tokens = window[:, fed:] if use_kv_cache else window
-                    # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
-                    with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
-                        if use_kv_cache:
-                            logits, _ = self(new_tokens, caches=caches, offset=fed)
-                            fed = window.shape[1]
-                        else:
-                            logits, _ = self(window)
-                    last = logits.data[:, -1, :]  # (B, V)
+                    if use_kv_cache and new_tokens.shape[1] == 1:
+                        last = decode(weights, new_tokens[:, 0], fed, keys, values)  # (B, V)
+                        fed = window.shape[1]
+                        for cache in caches:
+                            cache.length = fed
+                    else:
+                        # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
+                        with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
+                            if use_kv_cache:
+                                logits, _ = self(new_tokens, caches=caches, offset=fed)
+                                fed = window.shape[1]
+                            else:
+                                logits, _ = self(window)
+                        last = logits.data[:, -1, :]  # (B, V)
                     token = sample(last, temperature, top_k, top_p, rng)
                     idx = np.concatenate([idx, token[:, None]], axis=1)
                     yield token, last

@@ -172,3 +172,69 @@ def test_generation_on_one_thread_restores_the_thread_count():
     model = tiny(dtype=mt.float32)
     model.generate(np.zeros((1, 1), dtype=np.int64), 3, temperature=0)
     assert numba.get_num_threads() == before
+
+
+EVERY_OPTION = [
+    dict(norm=norm, mlp=mlp, pos=pos, bias=bias, tie_weights=tie)
+    for norm in ("layernorm", "rmsnorm")
+    for mlp in ("gelu", "swiglu")
+    for pos in ("learned", "rope")
+    for bias in (False, True)
+    for tie in (True, False)
+]
+
+
+def perturbed(dtype, **options):
+    """A tiny model whose every parameter is moved off its initial value: biases start at 0 and norm
+    weights at 1, which would hide a bias or a norm weight left out."""
+    model = tiny(dtype=dtype, **options)
+    rng = np.random.default_rng(11)
+    for param in model.parameters():
+        param.data[...] += rng.normal(0.0, 0.2, param.shape).astype(param.dtype)
+    return model
+
+
+@pytest.mark.parametrize("options", EVERY_OPTION, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_decode_step_equals_the_module_forward(options):
+    """models/decode.py against GPT.forward in float64, where only the order of the sums differs:
+    the logits of each new token, and the keys and values it writes into the cache."""
+    from models.decode import decode, decode_weights
+
+    model = perturbed(mt.float64, **options)
+    tokens = np.random.default_rng(2).integers(0, 7, (2, 8))  # B = 2, a whole block
+    weights = decode_weights(model)
+    keys, values = model.new_cache_arrays(2)
+    with mt.no_grad():
+        for t in range(8):
+            logits = decode(weights, tokens[:, t], t, keys, values)  # (B, V)
+            expected = model(tokens[:, : t + 1])[0].data[:, -1]
+            np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-12)
+        module_caches = model.new_caches(2)
+        model(tokens, caches=module_caches, offset=0)
+    for layer, cache in enumerate(module_caches):
+        np.testing.assert_allclose(keys[layer], cache.k, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(values[layer], cache.v, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("options", EVERY_OPTION, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_cached_generation_equals_the_module_forward_past_block_size(options, monkeypatch):
+    """float32, batch 2, 3 + 30 tokens through a block of 8: the window moves several times, the
+    prompt and each new window go through the modules and every other token through decode."""
+    import models.gpt as gpt
+
+    calls = []
+
+    def counted_decode(*args):
+        calls.append(args[2])
+        return gpt_decode(*args)
+
+    gpt_decode = gpt.decode
+    monkeypatch.setattr(gpt, "decode", counted_decode)
+    model = perturbed(mt.float32, **options)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    cached = list(model.generate_tokens(prompt, 30, temperature=0, use_kv_cache=True))
+    uncached = list(model.generate_tokens(prompt, 30, temperature=0, use_kv_cache=False))
+    assert len(calls) > 20  # most tokens took the decode path
+    for (token_a, logits_a), (token_b, logits_b) in zip(cached, uncached):
+        np.testing.assert_array_equal(token_a, token_b)
+        np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,347 @@
+"""Generation's one-token step: every layer of the GPT for one new token, in one Numba kernel.
+
+Why a path of its own: with a KV cache, one new token is little arithmetic (the default recipe at
+block_size 256: ~0.8M multiply-adds, ~12 C² per layer plus the attention over the cache), but
+going through the modules costs ~60 Function calls of a few microseconds of Python each, several
+times the arithmetic. Here the weights are gathered once per generation into a `DecodeWeights`,
+and each token is a single call of `decode_step`, whose loops run on plain arrays. It computes
+what `GPT.forward` computes for the last position (the same logits to float rounding: the sums
+run in another order) and writes the same keys and values into the same cache arrays, so a cache
+filled by the modules (a prompt, many tokens at once) can be continued here and the other way round.
+
+For one sequence b with its new token at window position t, x the residual stream (C,), H heads
+of size D = C / H, F the MLP's hidden width:
+
+    x = wte[token] (+ wpe[t] with learned positions)                         (C,)
+    for each layer:
+        a = norm(x; ln_1)                                                    (C,)
+        q, k, v = a @ c_attn.W + c_attn.b, cut in three                      (C,) each; head h is [hD, hD + D)
+        (rope: rotate each pair (2i, 2i+1) of q and k in a head by the angle t θ_i)
+        keys[layer, b, h, t], values[layer, b, h, t] = k_h, v_h              the cache, (H, block_size, D) per layer
+        s_j = q_h · keys[layer, b, h, j] / √D,   j = 0 .. t                  (t + 1,) per head: the new
+                                                                             token sees itself and all before it
+        p = softmax(s);   y_h = sum_j p_j values[layer, b, h, j]              (D,) per head
+        x = x + (y @ attn.c_proj.W + b)                                      (C,)
+        a = norm(x; ln_2)
+        m = gelu(a @ c_fc.W + b)                 (GELU MLP)                  (F,)
+          or silu(a @ c_fc.W + b) * (a @ c_up.W + b)      (SwiGLU MLP)
+        x = x + (m @ mlp.c_proj.W + b)                                       (C,)
+    logits = norm(x; ln_f) @ lm_head            lm_head (C, V) = wteᵀ when the weights are tied
+
+    LayerNorm: (x - mean(x)) rstd w + b,  rstd = 1 / sqrt(mean((x - mean(x))²) + eps)
+    RMSNorm:    x rstd w,                 rstd = 1 / sqrt(mean(x²) + eps)
+
+Every product is a row vector times a matrix, x (K,) @ W (K, N) -> (N,). `linear` loops over the
+rows of W and, inside, along one row: W is read once in memory order, and the inner loop's
+iterations write different outputs, so it vectorizes without reordering any sum.
+
+What bounds its speed: each token reads every weight once, 3.2 MB at the default recipe, more than
+one core's 2 MB L2 cache, so they stream from L3 (~25 GB/s from one core of the 2-core machine it was measured on): ~130 µs
+of the ~170 µs a token takes at block_size 256. The attention reads the cache, up to 1 MB more.
+
+One kernel, serial (no prange): one token is too little work to share between threads (waking
+one costs more than the token). A model without biases gets zero biases, which add nothing; all
+options are flags and arrays of fixed dimensions in `DecodeWeights`, so a model of any options
+compiles one version of the kernel per float type.
+
+The kernel's helpers are in this file, so that numba's cache (cache=True) sees an edit to them.
+The exception is e^t, tanh and the sigmoid, shared with the ops from microtensor/ops/vector_math.py:
+after editing those, delete the cached kernels (`find models microtensor -name '*.nbi' -delete`).
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from microtensor.ops.rope import rope_angles
+from microtensor.ops.vector_math import exp_of_nonpositive, sigmoid, tanh
+
+REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # row sums and dot products vectorize; inf/NaN keep their meaning
+GELU_K = math.sqrt(2 / math.pi)  # gelu(x) = x/2 (1 + tanh(GELU_K (x + GELU_CUBIC x³))), the tanh form
+GELU_CUBIC = 0.044715
+
+
+class DecodeWeights(NamedTuple):
+    """A GPT's weights for `decode_step`: each kind of layer weight stacked over the layers, L of them.
+
+    Shapes with C = n_embd, V = vocab, F = the MLP's hidden width, D = C / n_head, T = block_size.
+    Arrays an option leaves out are empty, so that the kernel sees the same types for every option.
+    """
+
+    wte: np.ndarray  # (V, C)
+    wpe: np.ndarray  # (T, C), learned positions; (0, C) with rope
+    rope_cos: np.ndarray  # (T, D/2), cos(t θ_i) with rope; (0, 0) with learned positions
+    rope_sin: np.ndarray  # (T, D/2)
+    ln_1_weight: np.ndarray  # (L, C)
+    ln_1_bias: np.ndarray  # (L, C), zeros with RMSNorm or without biases
+    c_attn_weight: np.ndarray  # (L, C, 3C): q, k, v side by side
+    c_attn_bias: np.ndarray  # (L, 3C)
+    attn_proj_weight: np.ndarray  # (L, C, C)
+    attn_proj_bias: np.ndarray  # (L, C)
+    ln_2_weight: np.ndarray  # (L, C)
+    ln_2_bias: np.ndarray  # (L, C)
+    c_fc_weight: np.ndarray  # (L, C, F)
+    c_fc_bias: np.ndarray  # (L, F)
+    c_up_weight: np.ndarray  # (L, C, F) for SwiGLU; (L, C, 0) for GELU
+    c_up_bias: np.ndarray  # (L, F); (L, 0)
+    mlp_proj_weight: np.ndarray  # (L, F, C)
+    mlp_proj_bias: np.ndarray  # (L, C)
+    ln_f_weight: np.ndarray  # (C,)
+    ln_f_bias: np.ndarray  # (C,)
+    lm_head: np.ndarray  # (C, V)
+    eps: np.floating  # the norms' epsilon, in the weights' float type
+    n_head: int
+    rmsnorm: bool  # else LayerNorm
+    swiglu: bool  # else GELU
+    rope: bool  # else learned positions
+
+
+def decode_weights(model):
+    """Gather a GPT's weights into a DecodeWeights (copies: take it again after the weights change)."""
+    config, parts = model.config, model.transformer
+    blocks = list(parts.h)
+    dtype = parts.wte.weight.dtype
+    L, C, D = config.n_layer, config.n_embd, config.n_embd // config.n_head
+
+    def stacked(get):
+        """get(block) of every layer, stacked along a new first dim: (L, ...)."""
+        return np.ascontiguousarray(np.stack([get(block) for block in blocks]))
+
+    def bias(module, width):
+        """A Linear's or LayerNorm's bias; zeros without one (RMSNorm has none)."""
+        b = getattr(module, "bias", None)
+        return np.zeros(width, dtype) if b is None else b.data
+
+    if config.pos == "rope":
+        rope_cos, rope_sin = rope_angles(config.block_size, D, 0, dtype)  # the module's own angles, (T, D/2)
+        wpe = np.zeros((0, C), dtype)
+    else:
+        rope_cos = rope_sin = np.zeros((0, 0), dtype)
+        wpe = parts.wpe.weight.data
+    hidden = blocks[0].mlp.c_fc.weight.shape[1]
+    if config.mlp == "swiglu":
+        c_up_weight = stacked(lambda b: b.mlp.c_up.weight.data)
+        c_up_bias = stacked(lambda b: bias(b.mlp.c_up, hidden))
+    else:
+        c_up_weight, c_up_bias = np.zeros((L, C, 0), dtype), np.zeros((L, 0), dtype)
+    lm_head = parts.wte.weight.data.T if config.tie_weights else model.lm_head.weight.data  # (C, V)
+    return DecodeWeights(
+        wte=np.ascontiguousarray(parts.wte.weight.data),
+        wpe=np.ascontiguousarray(wpe),
+        rope_cos=np.ascontiguousarray(rope_cos),
+        rope_sin=np.ascontiguousarray(rope_sin),
+        ln_1_weight=stacked(lambda b: b.ln_1.weight.data),
+        ln_1_bias=stacked(lambda b: bias(b.ln_1, C)),
+        c_attn_weight=stacked(lambda b: b.attn.c_attn.weight.data),
+        c_attn_bias=stacked(lambda b: bias(b.attn.c_attn, 3 * C)),
+        attn_proj_weight=stacked(lambda b: b.attn.c_proj.weight.data),
+        attn_proj_bias=stacked(lambda b: bias(b.attn.c_proj, C)),
+        ln_2_weight=stacked(lambda b: b.ln_2.weight.data),
+        ln_2_bias=stacked(lambda b: bias(b.ln_2, C)),
+        c_fc_weight=stacked(lambda b: b.mlp.c_fc.weight.data),
+        c_fc_bias=stacked(lambda b: bias(b.mlp.c_fc, hidden)),
+        c_up_weight=c_up_weight,
+        c_up_bias=c_up_bias,
+        mlp_proj_weight=stacked(lambda b: b.mlp.c_proj.weight.data),
+        mlp_proj_bias=stacked(lambda b: bias(b.mlp.c_proj, C)),
+        ln_f_weight=np.ascontiguousarray(parts.ln_f.weight.data),
+        ln_f_bias=np.ascontiguousarray(bias(parts.ln_f, C)),
+        lm_head=np.ascontiguousarray(lm_head),
+        eps=dtype.type(parts.ln_f.eps),
+        n_head=int(config.n_head),
+        rmsnorm=config.norm == "rmsnorm",
+        swiglu=config.mlp == "swiglu",
+        rope=config.pos == "rope",
+    )
+
+
+def decode(weights, tokens, position, keys, values):
+    """tokens (B,) int at window position `position` -> logits (B, V), a new array.
+
+    keys, values (L, B, H, block_size, D): positions 0 .. position - 1 hold the earlier tokens' keys
+    and values; this writes the new tokens' at `position`.
+    """
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
+    if not 0 <= position < keys.shape[3]:
+        raise ValueError(f"decode: position {position} is outside the cache of {keys.shape[3]} positions")
+    logits = np.empty((tokens.shape[0], weights.lm_head.shape[1]), dtype=weights.lm_head.dtype)
+    decode_step(tokens, position, weights, keys, values, logits)
+    return logits
+
+
+# ------------------------------------------------------------------------------ the kernel
+
+
+@njit(cache=True, error_model="numpy")
+def decode_step(tokens, position, w, keys, values, logits):
+    """One new token per sequence through the whole GPT (the module docstring's math).
+
+    tokens (B,) at window position `position`; w a DecodeWeights; keys, values (L, B, H, T, D),
+    written at `position`; logits (B, V) is written.
+    """
+    L, C = w.ln_1_weight.shape
+    H = w.n_head
+    D = C // H
+    F = w.c_fc_weight.shape[2]
+    dtype = w.wte.dtype
+    scale = dtype.type(1 / math.sqrt(D))
+    x = np.empty(C, dtype)  # the residual stream
+    normed = np.empty(C, dtype)  # norm(x), the input of attention, of the MLP and of lm_head
+    qkv = np.empty(3 * C, dtype)  # q, k, v of every head: [0, C), [C, 2C), [2C, 3C)
+    attended = np.empty(C, dtype)  # the heads' outputs side by side
+    delta = np.empty(C, dtype)  # what a sub-layer adds to the residual stream
+    probs = np.empty(position + 1, dtype)  # one head's attention over the cache
+    gate = np.empty(F, dtype)  # the MLP's hidden activations
+    up = np.empty(F if w.swiglu else 0, dtype)  # SwiGLU's second projection
+    for b in range(tokens.shape[0]):
+        for c in range(C):
+            x[c] = w.wte[tokens[b], c]
+        if not w.rope:
+            for c in range(C):
+                x[c] += w.wpe[position, c]
+        for layer in range(L):
+            # attention: x = x + c_proj(attend(q, cached keys and values))
+            norm_row(x, w.ln_1_weight[layer], w.ln_1_bias[layer], w.eps, w.rmsnorm, normed)
+            linear(normed, w.c_attn_weight[layer], w.c_attn_bias[layer], qkv)
+            if w.rope:
+                rotate_heads(qkv, 0, H, D, w.rope_cos[position], w.rope_sin[position])  # q
+                rotate_heads(qkv, C, H, D, w.rope_cos[position], w.rope_sin[position])  # k
+            for h in range(H):
+                for d in range(D):
+                    keys[layer, b, h, position, d] = qkv[C + h * D + d]
+                    values[layer, b, h, position, d] = qkv[2 * C + h * D + d]
+            for h in range(H):
+                attend(qkv, h, keys[layer, b, h], values[layer, b, h], position, scale, probs, attended)
+            linear(attended, w.attn_proj_weight[layer], w.attn_proj_bias[layer], delta)
+            for c in range(C):
+                x[c] += delta[c]
+            # MLP: x = x + c_proj(gelu(c_fc(a))) or x + c_proj(silu(c_fc(a)) * c_up(a))
+            norm_row(x, w.ln_2_weight[layer], w.ln_2_bias[layer], w.eps, w.rmsnorm, normed)
+            linear(normed, w.c_fc_weight[layer], w.c_fc_bias[layer], gate)
+            if w.swiglu:
+                linear(normed, w.c_up_weight[layer], w.c_up_bias[layer], up)
+                swiglu_in_place(gate, up)
+            else:
+                gelu_in_place(gate)
+            linear(gate, w.mlp_proj_weight[layer], w.mlp_proj_bias[layer], delta)
+            for c in range(C):
+                x[c] += delta[c]
+        norm_row(x, w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed)
+        logits_row = logits[b]
+        for v in range(logits_row.shape[0]):
+            logits_row[v] = 0
+        matvec_accumulate(normed, w.lm_head, logits_row)
+
+
+@njit(error_model="numpy")
+def linear(x, weight, bias, out):
+    """out (N,) = x (K,) @ weight (K, N) + bias (N,)."""
+    out[:] = 0
+    matvec_accumulate(x, weight, out)
+    for j in range(out.shape[0]):
+        out[j] += bias[j]
+
+
+@njit(error_model="numpy")
+def matvec_accumulate(x, weight, out):
+    """out (N,) += x (K,) @ weight (K, N), four rows of weight at a time.
+
+    out[j] gathers x[i] weight[i, j] over i: the inner loop walks along rows of weight, contiguous
+    in memory, writing N different outputs, which the compiler turns into vector instructions (a dot
+    product per output, down a column, would stride through memory). Taking four rows per pass loads
+    and stores out a quarter as often (measured 1.2-1.9x faster than one row per pass at 128 x 512
+    and 128 x 384 with W in the L2 cache)."""
+    K, N = weight.shape
+    rows_by_four = K - K % 4
+    for i in range(0, rows_by_four, 4):
+        x0, x1, x2, x3 = x[i], x[i + 1], x[i + 2], x[i + 3]
+        w0, w1, w2, w3 = weight[i], weight[i + 1], weight[i + 2], weight[i + 3]  # (N,) each
+        for j in range(N):
+            out[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j]
+    for i in range(rows_by_four, K):  # the last K % 4 rows
+        xi = x[i]
+        for j in range(N):
+            out[j] += xi * weight[i, j]
+
+
+@njit(error_model="numpy", fastmath=REDUCE_FASTMATH)
+def norm_row(x, weight, bias, eps, rmsnorm, out):
+    """out (C,) = LayerNorm(x) w + b, or RMSNorm(x) w, of one row x (C,)."""
+    C = x.shape[0]
+    zero, one, count = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)  # typed: float32 stays float32
+    if rmsnorm:
+        squares = zero
+        for c in range(C):
+            squares += x[c] * x[c]
+        rstd = one / np.sqrt(squares / count + eps)
+        for c in range(C):
+            out[c] = x[c] * rstd * weight[c]
+        return
+    total = zero
+    for c in range(C):
+        total += x[c]
+    mean = total / count
+    squares = zero
+    for c in range(C):
+        squares += (x[c] - mean) * (x[c] - mean)
+    rstd = one / np.sqrt(squares / count + eps)
+    for c in range(C):
+        out[c] = (x[c] - mean) * rstd * weight[c] + bias[c]
+
+
+@njit(error_model="numpy")
+def rotate_heads(qkv, start, H, D, cos, sin):
+    """Rotary positions: rotate each pair (2i, 2i+1) of every head of qkv[start : start + H D] by
+    the angle whose cos and sin are cos[i], sin[i] (D/2,), in place."""
+    for h in range(H):
+        base = start + h * D
+        for i in range(D // 2):
+            even, odd = qkv[base + 2 * i], qkv[base + 2 * i + 1]
+            qkv[base + 2 * i] = even * cos[i] - odd * sin[i]
+            qkv[base + 2 * i + 1] = even * sin[i] + odd * cos[i]
+
+
+@njit(error_model="numpy", fastmath=REDUCE_FASTMATH)
+def attend(qkv, h, keys, values, position, scale, probs, out):
+    """Head h's query q = qkv[hD : hD + D] against the keys and values (T, D) at positions
+    0 .. position: out[hD : hD + D] = softmax(q kᵀ scale) v. probs (position + 1,) is scratch."""
+    n, D = position + 1, keys.shape[1]
+    zero = keys.dtype.type(0)
+    q = qkv[h * D : h * D + D]
+    row_max = zero
+    for j in range(n):  # scores, and their maximum on the way (a loop of its own would not vectorize)
+        s = zero
+        for d in range(D):
+            s += q[d] * keys[j, d]
+        s *= scale
+        probs[j] = s
+        if j == 0 or s > row_max:
+            row_max = s
+    total = zero
+    for j in range(n):
+        e = exp_of_nonpositive(probs[j] - row_max)  # <= 0: the maximum was subtracted
+        probs[j] = e
+        total += e
+    for j in range(n):
+        probs[j] /= total
+    y = out[h * D : h * D + D]
+    y[:] = 0
+    matvec_accumulate(probs, values[:n], y)  # y (D,) = p (n,) @ v (n, D)
+
+
+@njit(error_model="numpy")
+def gelu_in_place(h):
+    """h = h/2 (1 + tanh(k (h + 0.044715 h³))), k = √(2/π): GELU's tanh form, as the module's MLP."""
+    real = h.dtype.type
+    half, one, k, cubic = real(0.5), real(1), real(GELU_K), real(GELU_CUBIC)
+    for i in range(h.shape[0]):
+        x = h[i]
+        h[i] = half * x * (one + tanh(k * (x + cubic * x * x * x)))
+
+
+@njit(error_model="numpy")
+def swiglu_in_place(gate, up):
+    """gate = silu(gate) * up = gate σ(gate) up."""
+    for i in range(gate.shape[0]):
+        gate[i] = gate[i] * sigmoid(gate[i]) * up[i]
