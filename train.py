@@ -8,6 +8,7 @@ Every gradient comes from microtensor's hand-written, gradient-checked backward 
 """
 import microtensor as mt  # isort: skip  (before numpy: it sets up OpenBLAS's threads)
 import argparse
+import ctypes
 import math
 import sys
 import time
@@ -94,8 +95,28 @@ def estimate_loss(model, batches, args, iteration):
     return losses
 
 
+def keep_freed_memory():
+    """Have glibc's malloc keep the memory a step frees for the next step, not give it back.
+
+    Each step frees its graph, 32 MiB of activations, in one go (see `train`). By default glibc
+    then returns the top of its heap to the OS and serves arrays from about 1.5 MiB up with fresh
+    mmaps, so the next step faults every page back in: 200 steps of the default recipe took
+    1.8 million page faults and ran a quarter to a third fewer tokens/s. With both thresholds
+    fixed (mallopt also turns off their automatic adjustment) the pages are reused: 31,000
+    faults, full speed, same peak. Without glibc (macOS, musl) there is nothing to change.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
+    libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # arrays under 32 MiB (glibc's maximum) come from the heap,
+    libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)  # which keeps up to 256 MiB of free pages
+
+
 def train(args):
     check_args(args)
+    keep_freed_memory()
     batch_rng = np.random.default_rng(args.seed)
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(args.out_dir)
@@ -118,7 +139,12 @@ def train(args):
             )  # fmt: skip
         except ValueError as error:
             raise DataError(str(error)) from None
-    batches = Batches(tokenizer.encode(text), config.block_size)
+    # Memory: the ids take one byte a character (uint8) instead of eight (int64), and the text is
+    # let go: peak RSS 209 -> 200 MiB on tinyshakespeare (1.1M characters); 7 bytes less a
+    # character is 43 MiB less on Shakespeare's complete works (6.5M).
+    ids = tokenizer.encode(text, dtype=tokenizer.id_dtype)
+    del text
+    batches = Batches(ids, config.block_size)
     model = GPT(config)
     optimizer = optim.AdamW(
         optim.weight_decay_groups(model, args.weight_decay), lr=args.learning_rate, betas=(args.beta1, args.beta2)
@@ -139,7 +165,7 @@ def train(args):
 
     console.print(
         f"[bold]GPT[/] {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, block {config.block_size}, "
-        f"vocabulary {config.vocab_size}: {model.num_parameters():,} parameters; {len(text):,} characters of text"
+        f"vocabulary {config.vocab_size}: {model.num_parameters():,} parameters; {len(ids):,} characters of text"
     )
     tokens_per_step = args.batch_size * config.block_size
     history, loss_value = [], float("nan")
@@ -163,18 +189,24 @@ def train(args):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, y = batches.get("train", args.batch_size, batch_rng)
-            _, loss = model(mt.tensor(x), mt.tensor(y))
+            logits, loss = model(mt.tensor(x), mt.tensor(y))
             loss_value = loss.item()
             if not math.isfinite(loss_value):
                 raise TrainingStopped(
                     f"the loss became {loss_value} at step {iteration}; stopping. The last good checkpoint in "
                     f"{args.out_dir} is kept (try a lower --learning-rate or --grad-clip)."
                 )
-            optimizer.zero_grad()
             loss.backward()
+            # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
+            # step (32 MiB on the default recipe). Dropped now, not when the next forward rebinds the
+            # names, so that two graphs never coexist: peak RSS 238 -> 209 MiB.
+            del logits, loss
             if args.grad_clip > 0:
                 optim.clip_grad_norm(model.parameters(), args.grad_clip)
             optimizer.step()
+            # Likewise the gradients (3 MiB), as soon as the step has used them rather than during
+            # the next forward: 200 -> 198 MiB.
+            optimizer.zero_grad()
             train_time += time.perf_counter() - step_start
             now = time.perf_counter()
             if now - last_shown > 0.25 or iteration == args.max_iters - 1:

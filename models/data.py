@@ -39,11 +39,20 @@ class CharTokenizer:
     def vocab_size(self):
         return len(self.chars)
 
-    def encode(self, text):
+    @property
+    def id_dtype(self):
+        """The smallest unsigned dtype that holds every id: uint8 for up to 256 characters."""
+        return np.min_scalar_type(max(self.vocab_size - 1, 0))
+
+    def encode(self, text, dtype=np.int64):
+        """The ids of text's characters. The model takes int64 ids; a corpus is better kept in
+        `id_dtype`: tinyshakespeare's 1.1M characters take 1.1 MB as uint8 instead of 8.9 MB."""
         unknown = sorted(set(text) - self.index.keys())
         if unknown:
             raise DataError(f"these characters are not in the vocabulary: {''.join(unknown)!r} (vocabulary: {self.chars!r})")
-        return np.array([self.index[c] for c in text], dtype=np.int64)
+        # fromiter fills the array as it goes; np.array([...]) would first build a list, one
+        # 8-byte pointer per character (8.9 MB more for tinyshakespeare).
+        return np.fromiter((self.index[c] for c in text), dtype=dtype, count=len(text))
 
     def decode(self, ids):
         return "".join(self.chars[int(i)] for i in ids)
@@ -125,9 +134,10 @@ class Batches:
                 )
 
     def get(self, split, batch_size, rng):
-        """x, y (batch_size, block_size) int64: windows at random offsets, y shifted one token ahead."""
+        """x, y (batch_size, block_size) int64: windows at random offsets, y shifted one token ahead.
+        int64 whatever the corpus's dtype: the kernels are compiled for int64 ids."""
         part = self.splits[split]
         starts = rng.integers(0, len(part) - self.block_size, batch_size)
-        x = np.stack([part[s : s + self.block_size] for s in starts])
-        y = np.stack([part[s + 1 : s + 1 + self.block_size] for s in starts])
+        x = np.stack([part[s : s + self.block_size] for s in starts]).astype(np.int64)
+        y = np.stack([part[s + 1 : s + 1 + self.block_size] for s in starts]).astype(np.int64)
         return x, y

@@ -3,6 +3,7 @@ import hashlib
 import io
 import math
 import tarfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,26 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, corpus, cap
         np.testing.assert_array_equal(good[name], kept[name])
 
 
+def test_each_step_lets_go_of_its_graph_and_gradients_before_the_next_forward(tmp_path, corpus, monkeypatch):
+    # Kept alive into the next forward, they would cost their memory twice at the peak: the graph
+    # holds every activation (32 MiB on the default recipe), the gradients 3 MiB.
+    original = GPT.forward
+    previous_graph, seen = [], []
+
+    def watched(self, idx, targets=None, **kwargs):
+        if self.training:
+            graph_alive = any(ref() is not None for ref in previous_graph)
+            seen.append((graph_alive, any(p.grad is not None for p in self.parameters())))
+        logits, loss = original(self, idx, targets, **kwargs)
+        if self.training:
+            previous_graph[:] = [weakref.ref(logits), weakref.ref(loss)]
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", watched)
+    assert run_train(tmp_path, corpus, "--max-iters", "4", "--eval-interval", "2") == 0
+    assert seen == [(False, False)] * 4
+
+
 def test_errors_are_messages_not_tracebacks(tmp_path, corpus, capsys):
     assert train.main(["--data", str(tmp_path / "missing.txt"), "--out-dir", str(tmp_path)]) == 1
     assert "no such file" in said(capsys)
@@ -122,6 +143,9 @@ def test_checkpoint_round_trip_gives_identical_logits(tmp_path):
 def test_tokenizer_and_batches():
     tok = data.CharTokenizer.from_text("hello world")
     assert tok.decode(tok.encode("low")) == "low"
+    assert tok.encode("low").dtype == np.int64  # what the model takes
+    assert tok.id_dtype == np.uint8 and tok.encode("low", dtype=tok.id_dtype).dtype == np.uint8  # a corpus
+    assert data.CharTokenizer([chr(i) for i in range(300)]).id_dtype == np.uint16
     with pytest.raises(data.DataError, match="not in the vocabulary: 'z'"):
         tok.encode("z")
     batches = data.Batches(np.arange(1000), block_size=8)
@@ -131,6 +155,11 @@ def test_tokenizer_and_batches():
     np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
     with pytest.raises(data.DataError, match="fewer than block_size"):
         data.Batches(np.arange(50), block_size=8)
+    compact = data.Batches(np.arange(1000).astype(np.uint16), block_size=8)  # a corpus kept in its id_dtype
+    x8, y8 = compact.get("train", 5, np.random.default_rng(0))
+    assert x8.dtype == y8.dtype == np.int64
+    np.testing.assert_array_equal(x8, x)
+    np.testing.assert_array_equal(y8, y)
 
 
 def fake_sdist(folder, plays):
