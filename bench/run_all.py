@@ -1,6 +1,6 @@
 """The whole suite in one command: every benchmark, then the results table that the README shows.
 
-    python bench/run_all.py                 # about 8 minutes on 2 cores
+    python bench/run_all.py                 # about 5 minutes on 2 cores
     python bench/run_all.py --report-only   # rebuild the table from the JSON files already written
 
 Each benchmark runs in a process of its own with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
