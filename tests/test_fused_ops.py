@@ -92,15 +92,6 @@ def test_dropout_statistics_and_modes():
         F.dropout(x, 1.0)
 
 
-@pytest.fixture(params=["blas", "numba"])
-def matmul_backend(request):
-    """Run the test once with each way of computing products (attention has a path for each)."""
-    previous = mt.get_matmul()
-    mt.set_matmul(request.param)
-    yield request.param
-    mt.set_matmul(previous)
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("Tq, Tk", [(5, 5), (2, 5), (1, 4)])
 def test_attention_against_reference(causal, Tq, Tk, matmul_backend):

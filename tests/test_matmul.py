@@ -7,24 +7,16 @@ import microtensor.functional as F
 from microtensor.ops.matmul import matmul_reference
 
 
-@pytest.fixture(params=["blas", "numba"])
-def backend(request):
-    previous = mt.get_matmul()
-    mt.set_matmul(request.param)
-    yield request.param
-    mt.set_matmul(previous)
-
-
 def randn(*shape, seed=0, dtype=np.float64):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-def test_two_dims_against_plain_loops(backend):
+def test_two_dims_against_plain_loops(matmul_backend):
     a, b = randn(5, 3), randn(3, 4, seed=1)
     np.testing.assert_allclose(F.matmul(mt.tensor(a), mt.tensor(b)).numpy(), matmul_reference(a, b), rtol=1e-12)
 
 
-def test_batched_broadcasting_and_3d_by_2d(backend):
+def test_batched_broadcasting_and_3d_by_2d(matmul_backend):
     a, b = randn(2, 1, 3, 4), randn(5, 4, 2, seed=1)
     got = F.matmul(mt.tensor(a), mt.tensor(b)).numpy()
     assert got.shape == (2, 5, 3, 2)
@@ -37,7 +29,7 @@ def test_batched_broadcasting_and_3d_by_2d(backend):
         np.testing.assert_allclose(got[i], matmul_reference(x[i], w), rtol=1e-12)
 
 
-def test_vectors(backend):
+def test_vectors(matmul_backend):
     v, m = randn(3), randn(3, 2, seed=1)
     assert F.matmul(mt.tensor(v), mt.tensor(m)).shape == (2,)
     assert F.matmul(mt.tensor(m.T), mt.tensor(v)).shape == (2,)
@@ -45,7 +37,7 @@ def test_vectors(backend):
     assert dot.shape == () and abs(dot.item() - float(v @ v)) < 1e-12
 
 
-def test_float32_stays_float32_and_agrees(backend):
+def test_float32_stays_float32_and_agrees(matmul_backend):
     a, b = randn(64, 48), randn(48, 32, seed=1)
     c = F.matmul(mt.tensor(a.astype(np.float32)), mt.tensor(b.astype(np.float32)))
     assert c.dtype == mt.float32
