@@ -213,9 +213,10 @@ class GPT(nn.Module):
         keys = np.zeros((c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
         return keys, np.zeros_like(keys)
 
-    def new_caches(self, batch):
-        """One empty KVCache per layer."""
-        keys, values = self.new_cache_arrays(batch)
+    def new_caches(self, batch, arrays=None):
+        """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, H, block_size, D),
+        or over new zeroed ones."""
+        keys, values = self.new_cache_arrays(batch) if arrays is None else arrays
         return [KVCache(k, v) for k, v in zip(keys, values)]
 
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
@@ -241,7 +242,7 @@ class GPT(nn.Module):
                     window = idx[:, start:]
                     if caches is None and use_kv_cache:
                         # the old window's entries need no clearing: attention reads positions < length only
-                        caches, fed = [KVCache(k, v) for k, v in zip(keys, values)], 0
+                        caches, fed = self.new_caches(idx.shape[0], (keys, values)), 0
                     new_tokens = window[:, fed:] if use_kv_cache else window
                     if use_kv_cache and new_tokens.shape[1] == 1:
                         last = decode(weights, new_tokens[:, 0], fed, keys, values)  # (B, V)
