@@ -14,19 +14,24 @@ functions), `nn.py` (modules), `optim.py` (optimizers), `gradcheck.py` (finite d
 """
 import os
 
-# Two thread pools share the cores: OpenBLAS's (numpy's matrix products) and the OpenMP pool that
-# runs Numba's parallel kernels. After its work each pool's threads spin for a while, waiting for
-# more, and steal the cores from the other pool's next call: a GPT training step ran 6x slower
-# (300 ms instead of 49 ms on 2 cores) with OpenBLAS spinning, and 1.6x slower (70 ms instead of
-# 43 ms) with OpenMP's default spin. Sleeping at once is no better: waking a sleeping thread took
-# ~100 µs here, more than a whole small kernel. So OpenBLAS spins 2^4 cycles and OpenMP 1,000
-# rounds (a few µs): kernels that follow each other find the threads awake, a matrix product
-# finds the cores free. Both libraries read these when they load, so they take effect only when
-# microtensor is imported before numpy; a value you set yourself is kept.
+# The threads. Numba runs the kernels on a pool of OpenMP threads. Where it can, microtensor runs
+# the matrix products on the same pool (ops/blas.py: numpy's BLAS on one thread per slice of
+# rows), so one pool does all the work and its threads spin 30,000 rounds (~1 ms) after each call:
+# waking a sleeping thread took 50-100 µs on a 2-core virtual machine, more than many kernels of a
+# training step, and the gaps between a step's kernels are shorter than 1 ms.
+# Where it cannot, OpenBLAS keeps a pool of its own, and the two pools must not spin, or they
+# steal the cores from each other (a GPT training step ran 6x slower with OpenBLAS spinning, 1.6x
+# with OpenMP's default spin): OpenBLAS then spins 2^4 cycles and OpenMP 1,000 rounds (a few µs).
+# Both libraries read these variables when they load, so they take effect only when microtensor
+# is imported before numpy (OpenBLAS) and before Numba first runs a parallel kernel (OpenMP); a
+# value you set yourself is kept.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import numpy as np  # noqa: E402
+
+from .ops import blas  # noqa: E402  isort: skip  (before any kernel runs: it decides how the threads wait)
+
+os.environ.setdefault("GOMP_SPINCOUNT", "30000" if blas.AVAILABLE else "1000")
 
 # tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
 from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip

@@ -4,6 +4,7 @@ import pytest
 
 import microtensor as mt
 import microtensor.functional as F
+from microtensor.ops import blas
 from microtensor.ops.matmul import matmul_reference
 
 
@@ -73,3 +74,43 @@ def test_errors():
         mt.ones(2, 3) @ mt.ones(3, 2, dtype=mt.float64)
     with pytest.raises(ValueError, match="set_matmul: unknown backend 'cuda'"):
         mt.set_matmul("cuda")
+
+
+# Products big enough to be split across threads (ops/blas.py), in every layout the backward
+# passes (transposed views) and some it has to copy; against numpy in float64.
+LAYOUTS = {
+    "contiguous": lambda x: x,
+    "transposed view": lambda x: np.ascontiguousarray(x.T).T,
+    "row stride": lambda x: np.concatenate([x, x], axis=1)[:, : x.shape[1]],
+    "every other column (copied)": lambda x: np.repeat(x, 2, axis=1)[:, ::2],
+    "rows reversed (copied)": lambda x: x[::-1].copy()[::-1],
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout_a", list(LAYOUTS))
+@pytest.mark.parametrize("layout_b", ["contiguous", "transposed view", "every other column (copied)"])
+def test_split_products_in_every_layout(dtype, layout_a, layout_b):
+    if not blas.AVAILABLE:
+        pytest.skip("numpy's BLAS is not callable from Numba here (another BLAS, or NUMBA_DISABLE_JIT=1)")
+    for n, k, m in [(129, 257, 65), (1, 600, 300), (300, 500, 1), (513, 1, 300)]:
+        a, b = randn(n, k, seed=n), randn(k, m, seed=m)
+        got = blas.matmul_2d(LAYOUTS[layout_a](a.astype(dtype)), LAYOUTS[layout_b](b.astype(dtype)))
+        assert got.dtype == dtype and got.shape == (n, m) and got.flags.c_contiguous
+        expected = a.astype(dtype).astype(np.float64) @ b.astype(dtype).astype(np.float64)
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_linear_layer_sized_product_forward_and_backward(threads):
+    """x (B, T, C) @ W at the GPT recipe's sizes, gradients from the formulas dx = g Wᵀ and
+    dW = xᵀ g computed by numpy, on 1 to 3 slices of rows."""
+    x, w, g = randn(4, 64, 128), randn(128, 384, seed=1), randn(4, 64, 384, seed=2)
+    with mt.num_threads(threads):
+        tx, tw = mt.tensor(x, requires_grad=True), mt.tensor(w, requires_grad=True)
+        out = tx @ tw
+        out.backward(g)
+    np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(tx.grad, g @ w.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(tw.grad, x.reshape(-1, 128).T @ g.reshape(-1, 384), rtol=1e-12, atol=1e-11)

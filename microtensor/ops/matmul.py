@@ -27,6 +27,7 @@ from numba import njit, prange
 from ..autograd import Function, unbroadcast
 from ..gradcheck import gradcheck_case
 from ..tensor import Tensor
+from . import blas
 from .checks import broadcast_shape, check_float
 
 BACKENDS = ("blas", "numba")
@@ -79,6 +80,8 @@ def matmul_kernel(a, b, c):
 def _multiply(a, b):
     """a (..., n, k) @ b (..., k, m) with the current backend; any layout in, a new array out."""
     if _backend == "blas":
+        if blas.AVAILABLE and a.ndim == 2 and b.ndim == 2:
+            return blas.matmul_2d(a, b)  # split across Numba's threads (ops/blas.py)
         return np.matmul(a, b)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a = np.ascontiguousarray(np.broadcast_to(a, batch + a.shape[-2:])).reshape((-1,) + a.shape[-2:])

@@ -1,0 +1,154 @@
+"""numpy's BLAS, called from Numba's threads: one pool of threads for the matrix products and
+the kernels.
+
+Why. A training step alternates matrix products (BLAS) with small kernels (Numba). Left to
+themselves, numpy's OpenBLAS and Numba each keep a pool of threads, and the two pools fight over
+the cores: a pool that spins after its work, waiting for more, steals the cores from the other's
+next call, and a pool that sleeps at once pays for waking its threads (50-100 µs on a virtual
+machine, more than a whole kernel of the step). PyTorch runs its products and its kernels on one
+OpenMP pool and has neither problem. So does microtensor, when it can: OpenBLAS is told to use
+one thread, and `gemm_rows_in_parallel` below splits the rows of C = A B into one slice per Numba
+thread, each thread calling BLAS's gemm on its slice. Then one pool does everything, and its
+threads may spin between calls (microtensor/__init__.py sets how long) without stealing from
+anyone. At the GPT recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at
+~190 GFLOP/s this way, against ~180 when OpenBLAS threads it itself and both pools are settled.
+
+How. BLAS's `cblas_?gemm` multiplies row-major matrices given by a pointer and a row stride (its
+"leading dimension"), each optionally transposed. numpy ships OpenBLAS inside its wheels; this
+module finds that library, looks up its gemm symbols (ILP64 builds, 64-bit integers), and gives
+their addresses to LLVM under names of our own, so the Numba kernel calls them like C functions
+and its compiled code can be cached (it refers to the name, not to an address of this process).
+
+Where this is not possible (a numpy linked to another BLAS, or NUMBA_DISABLE_JIT=1, where the
+kernels run as Python and cannot call C), `AVAILABLE` is False and matmul uses np.matmul, with
+OpenBLAS threading its products itself.
+
+    C (n, m) = op(A) (n, k) @ op(B) (k, m),   op(X) = X or Xᵀ as X is laid out in memory
+    slice t of C: rows [n t / T, n (t + 1) / T) = op(A)'s same rows @ op(B)
+"""
+import ctypes
+import glob
+import os
+
+import numba
+import numpy as np
+from numba import njit, prange, types
+
+ROW_MAJOR, NO_TRANSPOSE, TRANSPOSE = 101, 111, 112  # the CBLAS enum values
+
+# The C declarations, with every pointer passed as a 64-bit integer (the same register and size in
+# the C calling convention of every 64-bit platform), so one compiled kernel serves every dtype:
+#   void cblas_sgemm(order, trans_a, trans_b, int64 M, int64 N, int64 K, float alpha, const float *A,
+#                    int64 lda, const float *B, int64 ldb, float beta, float *C, int64 ldc)
+_i32, _i64 = types.int32, types.int64
+sgemm = types.ExternalFunction(
+    "microtensor_cblas_sgemm",
+    types.void(_i32, _i32, _i32, _i64, _i64, _i64, types.float32, _i64, _i64, _i64, _i64, types.float32, _i64, _i64),
+)
+dgemm = types.ExternalFunction(
+    "microtensor_cblas_dgemm",
+    types.void(_i32, _i32, _i32, _i64, _i64, _i64, types.float64, _i64, _i64, _i64, _i64, types.float64, _i64, _i64),
+)
+
+# (gemm symbols, set-threads symbol) of the ILP64 OpenBLAS builds numpy has shipped: numpy >= 2
+# (scipy-openblas) and numpy 1.22-1.26 (openblas64_)
+SYMBOL_SETS = (
+    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_set_num_threads64_"),
+    ("cblas_sgemm64_", "cblas_dgemm64_", "openblas_set_num_threads64_"),
+)
+
+# below this many multiply-adds a product runs on the calling thread: splitting costs more than it saves
+SMALL_PRODUCT = 1 << 17
+
+
+@njit(cache=True, parallel=True)
+def gemm_rows_in_parallel(parts, double, trans_a, trans_b, n, m, k, a, a_row_step, lda, b, ldb, c, ldc):
+    """C (n, m) = op(A) @ op(B), the rows of C cut into `parts` slices, one per thread.
+
+    a, b, c are the addresses of the first elements; a_row_step is the distance in bytes from one
+    row of op(A) to the next (lda elements if A is stored as it is, one element if transposed).
+    """
+    itemsize = 8 if double else 4
+    for part in prange(parts):
+        first = n * part // parts
+        rows = n * (part + 1) // parts - first
+        if rows == 0:
+            continue
+        a_slice, c_slice = a + first * a_row_step, c + first * ldc * itemsize
+        if double:
+            dgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, 1.0, a_slice, lda, b, ldb, 0.0, c_slice, ldc)
+        else:
+            one, zero = np.float32(1), np.float32(0)
+            sgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, one, a_slice, lda, b, ldb, zero, c_slice, ldc)
+
+
+def _blas_layout(x):
+    """(transpose flag, leading dimension) that BLAS reads x (rows, cols) with, or None if x's
+    strides fit neither way (then it is copied)."""
+    rows, cols = x.shape
+    row_stride, col_stride = (s // x.itemsize for s in x.strides)
+    if col_stride == 1 and (rows == 1 or row_stride >= max(1, cols)):
+        return NO_TRANSPOSE, max(1, cols) if rows == 1 else row_stride
+    if row_stride == 1 and (cols == 1 or col_stride >= max(1, rows)):
+        return TRANSPOSE, max(1, rows) if cols == 1 else col_stride
+    return None
+
+
+def matmul_2d(a, b):
+    """a (n, k) @ b (k, m) -> a new C-contiguous (n, m), both float32 or both float64, any strides."""
+    n, k = a.shape
+    m = b.shape[1]
+    c = np.empty((n, m), dtype=a.dtype)
+    if n * k * m < SMALL_PRODUCT or k == 0:
+        return np.matmul(a, b, out=c)
+    layouts = []
+    for x in (a, b):
+        layout = _blas_layout(x)
+        if layout is None:
+            x = np.ascontiguousarray(x)
+            layout = (NO_TRANSPOSE, x.shape[1])
+        layouts.append((x, layout))
+    (a, (trans_a, lda)), (b, (trans_b, ldb)) = layouts
+    gemm_rows_in_parallel(
+        numba.get_num_threads(), a.dtype == np.float64, trans_a, trans_b, n, m, k,
+        a.ctypes.data, a.strides[0], lda, b.ctypes.data, ldb, c.ctypes.data, m,
+    )  # fmt: skip
+    return c
+
+
+def _numpy_blas_library():
+    """The OpenBLAS shared library inside numpy's wheel, as a ctypes CDLL, or None."""
+    here = os.path.dirname(np.__file__)
+    for pattern in ("../numpy.libs/*openblas*", ".dylibs/*openblas*", "../numpy.libs/*.dll", ".libs/*openblas*"):
+        for path in sorted(glob.glob(os.path.join(here, pattern))):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
+
+
+def _connect():
+    """Register numpy's gemm with LLVM and set OpenBLAS to one thread; True if that worked."""
+    if numba.config.DISABLE_JIT or os.environ.get("MICROTENSOR_THREADED_BLAS") == "numpy":
+        return False
+    library = _numpy_blas_library()
+    if library is None:
+        return False
+    import llvmlite.binding as llvm
+
+    for sgemm_name, dgemm_name, threads_name in SYMBOL_SETS:
+        try:
+            functions = [getattr(library, name) for name in (sgemm_name, dgemm_name, threads_name)]
+        except AttributeError:
+            continue
+        set_threads = functions[2]
+        set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
+        set_threads(1)  # every product is split by gemm_rows_in_parallel; OpenBLAS must not split it again
+        for name, function in (("microtensor_cblas_sgemm", functions[0]), ("microtensor_cblas_dgemm", functions[1])):
+            llvm.add_symbol(name, ctypes.cast(function, ctypes.c_void_p).value)
+        return True
+    return False
+
+
+AVAILABLE = _connect()
