@@ -8,7 +8,6 @@ Every gradient comes from microtensor's hand-written, gradient-checked backward 
 """
 import microtensor as mt  # isort: skip  (before numpy: it sets up OpenBLAS's threads)
 import argparse
-import ctypes
 import math
 import sys
 import time
@@ -95,28 +94,8 @@ def estimate_loss(model, batches, args, iteration):
     return losses
 
 
-def keep_freed_memory():
-    """Have glibc's malloc keep the memory a step frees for the next step, not give it back.
-
-    Each step frees its graph, 32 MiB of activations, in one go (see `train`). By default glibc
-    then returns the top of its heap to the OS and serves arrays from about 1.5 MiB up with fresh
-    mmaps, so the next step faults every page back in: 200 steps of the default recipe took
-    1.8 million page faults and ran a quarter to a third fewer tokens/s. With both thresholds
-    fixed (mallopt also turns off their automatic adjustment) the pages are reused: 31,000
-    faults, full speed, same peak. Without glibc (macOS, musl) there is nothing to change.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
-    libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # arrays under 32 MiB (glibc's maximum) come from the heap,
-    libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)  # which keeps up to 256 MiB of free pages
-
-
 def train(args):
     check_args(args)
-    keep_freed_memory()
     batch_rng = np.random.default_rng(args.seed)
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(args.out_dir)

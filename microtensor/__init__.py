@@ -33,6 +33,10 @@ from .ops import blas  # noqa: E402  isort: skip  (before any kernel runs: it de
 
 os.environ.setdefault("GOMP_SPINCOUNT", "30000" if blas.AVAILABLE else "1000")
 
+from .memory import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # a step's freed arrays stay in the heap for the next step (memory.py)
+
 # tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
 from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip
 from . import functional, nn, optim
