@@ -9,7 +9,9 @@ thread settings (bench/torch_side.py); blocks of 5 steps alternate between the t
 neighbour slows both alike; each phase's figure is its median over the timed steps.
 
 MFU is the step's matmul FLOPs per second (forward, plus twice that for backward) divided by the
-GEMM peak measured here: numpy's float32 matmul on large square matrices.
+GEMM peak measured here: microtensor's float32 matmul on large square matrices (numpy's OpenBLAS,
+its rows split across the cores as in the step; numpy's own threading ran 1024³ as fast, ~185
+GFLOP/s, on a 2-core EPYC, and PyTorch's ~170).
 """
 from common import alternate, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, start_torch, write_json  # isort: skip  (first: it imports microtensor before numpy)
 import statistics
@@ -55,16 +57,16 @@ class OursStep:
 
 
 def gemm_peak(n=1024, repeat=20):
-    """The machine's float32 GEMM rate in FLOP/s: numpy's n×n×n matmul (OpenBLAS), the faster of
-    the two libraries' here (PyTorch's measured at ~180 GFLOP/s against numpy's ~350)."""
-    a, b = torch_gpt.float_inputs(0, [(n, n), (n, n)])
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
+    """The machine's float32 GEMM rate in FLOP/s: microtensor's n×n×n matmul."""
+    a, b = (mt.tensor(x) for x in torch_gpt.float_inputs(0, [(n, n), (n, n)]))
+    with mt.no_grad():
+        for _ in range(3):
+            a @ b
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times)
 
 
@@ -125,7 +127,7 @@ def show(results):
     console.print(table)
     console.print(
         f"step matmul work {results['step_matmul_flops'] / 1e9:.2f} GFLOP; "
-        f"GEMM peak {results['gemm_peak_flops'] / 1e9:.0f} GFLOP/s (numpy, 1024³ float32)"
+        f"GEMM peak {results['gemm_peak_flops'] / 1e9:.0f} GFLOP/s (microtensor matmul, 1024³ float32)"
     )
 
 

@@ -68,6 +68,9 @@ def start_torch(args):
     return TorchProcess()
 
 
+SETTLE = 0.015
+
+
 def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     """Timings of many calls of each function, in blocks of `block` calls that alternate between
     the functions, so that a noisy neighbour slows all of them alike.
@@ -75,6 +78,10 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     local: {name: fn} run here; remote: {name: the name of a timed function in torch_process}.
     A function that returns a tuple (its own phase timings) is recorded by that tuple, any other by
     the seconds it took. Returns {name: [one entry per call]}.
+
+    Before each block the caller sleeps SETTLE seconds: after its last call each library's idle
+    threads keep spinning for a while (PyTorch's OpenMP default, ~10 ms here; microtensor's ~1 ms)
+    and would take a core from the other library's first calls.
     """
     for fn in local.values():
         for _ in range(warmup):
@@ -84,11 +91,13 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     times = {name: [] for name in [*local, *remote]}
     for _ in range(max(1, calls // block)):
         for name, fn in local.items():
+            time.sleep(SETTLE)
             for _ in range(block):
                 start = time.perf_counter()
                 phases = fn()
                 times[name].append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
         for name, remote_name in remote.items():
+            time.sleep(SETTLE)
             times[name] += torch_process.ask(time=remote_name, n=block)
     return times
 
