@@ -68,9 +68,6 @@ def start_torch(args):
     return TorchProcess()
 
 
-SETTLE = 0.015
-
-
 def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     """Timings of many calls of each function, in blocks of `block` calls that alternate between
     the functions, so that a noisy neighbour slows all of them alike.
@@ -79,9 +76,11 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     A function that returns a tuple (its own phase timings) is recorded by that tuple, any other by
     the seconds it took. Returns {name: [one entry per call]}.
 
-    Before each block the caller sleeps SETTLE seconds: after its last call each library's idle
-    threads keep spinning for a while (PyTorch's OpenMP default, ~10 ms here; microtensor's ~1 ms)
-    and would take a core from the other library's first calls.
+    The first call of each block is run but not recorded: after its last call each library's
+    idle threads keep spinning for a while (PyTorch's OpenMP default, ~10 ms here; microtensor's
+    ~1 ms) and take a core from the other library's first call; and that first call wakes its own
+    threads. (Sleeping between blocks until they stop is worse on a virtual machine: after ~15 ms
+    idle, the host took milliseconds to give the second core back.)
     """
     for fn in local.values():
         for _ in range(warmup):
@@ -91,14 +90,13 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     times = {name: [] for name in [*local, *remote]}
     for _ in range(max(1, calls // block)):
         for name, fn in local.items():
-            time.sleep(SETTLE)
+            fn()
             for _ in range(block):
                 start = time.perf_counter()
                 phases = fn()
                 times[name].append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
         for name, remote_name in remote.items():
-            time.sleep(SETTLE)
-            times[name] += torch_process.ask(time=remote_name, n=block)
+            times[name] += torch_process.ask(time=remote_name, n=block + 1)[1:]
     return times
 
 
