@@ -36,12 +36,11 @@ of rows. When dim is the last dim and x is contiguous this is a free reshape (no
 the dim is moved last and the rows are copied once (np.moveaxis + np.ascontiguousarray), and the
 result is moved back as a view.
 
-Serial kernels. Rows are independent, so the kernels could run their rows in parallel, but at the
-GPT's sizes a kernel is ~100-200 µs of work on one core, and handing half of it to the second
-core costs more than it saves on this 2-core machine: waking that core's sleeping thread takes
-~75 µs, and while other programs keep the cores busy the thread waits for its turn. Measured for
-the forward kernel at (12, 4, 64, 64) float32, calls back to back: 205 µs serial, 252 µs on 2
-threads (350 µs when ~100 µs of other work separates the calls, as in a training step).
+Parallel kernels. Rows are independent, so the kernels run them on all cores (`prange`). This
+pays only because microtensor's threads spin for a while after each call (see ops/blas.py): when
+they slept, waking the second core's thread took ~75 µs, more than the half of the work it took
+over, and these kernels were serial. Measured for the forward kernel at (12, 4, 64, 64) float32,
+right after a matrix product, as in a training step, on 2 cores: 170 µs serial, 97 µs parallel.
 
 The exponentials (`exp_of_nonpositive`, every exponent here is <= 0) and the row max (`max_of_row`)
 come from vector_math.py: plain arithmetic that vectorizes, where the C library's exp runs one
@@ -50,7 +49,7 @@ exponentials, ~45 µs finding the row maxima and ~25 µs dividing by the sums: t
 set its speed.
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
@@ -97,7 +96,7 @@ def softmax_jacobian(y):
 # --------------------------------------------------------------------------------- kernels
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def softmax_forward_kernel(x, y):
     """y[r] = softmax(x[r]) for every row r.   x, y: (R, C), C-contiguous, C >= 1."""
     rows, cols = x.shape
@@ -105,9 +104,9 @@ def softmax_forward_kernel(x, y):
     # All row maxima first: a row's exp loop has to wait for its max, and a separate pass keeps
     # the processor busy with other rows meanwhile (measured 1.5x faster than one loop per row).
     row_max = np.empty(rows, dtype=x.dtype)  # (R,)
-    for r in range(rows):
+    for r in prange(rows):
         row_max[r] = max_of_row(x, r)
-    for r in range(rows):
+    for r in prange(rows):
         total = x.dtype.type(0)
         for c in range(cols):
             e = exp_of_nonpositive(x[r, c] - row_max[r])
@@ -118,14 +117,14 @@ def softmax_forward_kernel(x, y):
             y[r, c] *= inverse
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def log_softmax_forward_kernel(x, z):
     """z[r] = log_softmax(x[r]) = (x[r] - max) - log sum e^(x[r] - max).   x, z: (R, C), C >= 1."""
     rows, cols = x.shape
     row_max = np.empty(rows, dtype=x.dtype)  # (R,)
-    for r in range(rows):
+    for r in prange(rows):
         row_max[r] = max_of_row(x, r)
-    for r in range(rows):
+    for r in prange(rows):
         total = x.dtype.type(0)
         for c in range(cols):
             total += exp_of_nonpositive(x[r, c] - row_max[r])
@@ -134,11 +133,11 @@ def log_softmax_forward_kernel(x, z):
             z[r, c] = (x[r, c] - row_max[r]) - log_total
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def softmax_backward_kernel(y, grad_y, grad_x):
     """grad_x[r] = y[r] * (grad_y[r] - <grad_y[r], y[r]>).   All (R, C), C-contiguous."""
     rows, cols = y.shape
-    for r in range(rows):
+    for r in prange(rows):
         dot = y.dtype.type(0)
         for c in range(cols):
             dot += grad_y[r, c] * y[r, c]
@@ -146,11 +145,11 @@ def softmax_backward_kernel(y, grad_y, grad_x):
             grad_x[r, c] = y[r, c] * (grad_y[r, c] - dot)
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
 def log_softmax_backward_kernel(z, grad_z, grad_x):
     """grad_x[r] = grad_z[r] - e^z[r] * sum(grad_z[r]).   All (R, C), C-contiguous; z <= 0."""
     rows, cols = z.shape
-    for r in range(rows):
+    for r in prange(rows):
         total = z.dtype.type(0)
         for c in range(cols):
             total += grad_z[r, c]
