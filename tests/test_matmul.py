@@ -1,4 +1,6 @@
 """matmul forward against plain loops and PyTorch, for both backends, and its errors."""
+import os
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,23 @@ def test_linear_layer_sized_product_forward_and_backward(threads):
     np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(tx.grad, g @ w.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(tw.grad, x.reshape(-1, 128).T @ g.reshape(-1, 384), rtol=1e-12, atol=1e-11)
+
+
+def test_products_without_the_split_use_numpys_own_threads():
+    """MICROTENSOR_SPLIT_PRODUCTS=0 (as where numpy's BLAS cannot be called from Numba): matmul
+    goes through np.matmul, and neither thread pool spins."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, numpy as np, microtensor as mt\n"
+        "from microtensor.ops import blas\n"
+        "a, b = np.random.default_rng(0).standard_normal((2, 300, 400))\n"
+        "c = (mt.tensor(a) @ mt.tensor(b.T)).numpy()\n"
+        "print(blas.AVAILABLE, os.environ['GOMP_SPINCOUNT'], float(np.abs(c - a @ b.T).max()))\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    environment["MICROTENSOR_SPLIT_PRODUCTS"] = "0"
+    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    available, spin, error = result.stdout.split()
+    assert available == "False" and spin == "1000" and float(error) < 1e-10

@@ -20,8 +20,8 @@ their addresses to LLVM under names of our own, so the Numba kernel calls them l
 and its compiled code can be cached (it refers to the name, not to an address of this process).
 
 Where this is not possible (a numpy linked to another BLAS, or NUMBA_DISABLE_JIT=1, where the
-kernels run as Python and cannot call C), `AVAILABLE` is False and matmul uses np.matmul, with
-OpenBLAS threading its products itself.
+kernels run as Python and cannot call C), or MICROTENSOR_SPLIT_PRODUCTS=0 is set, `AVAILABLE` is
+False and matmul uses np.matmul, with OpenBLAS threading its products itself.
 
     C (n, m) = op(A) (n, k) @ op(B) (k, m),   op(X) = X or Xᵀ as X is laid out in memory
     slice t of C: rows [n t / T, n (t + 1) / T) = op(A)'s same rows @ op(B)
@@ -130,7 +130,7 @@ def _numpy_blas_library():
 
 def _connect():
     """Register numpy's gemm with LLVM and set OpenBLAS to one thread; True if that worked."""
-    if numba.config.DISABLE_JIT or os.environ.get("MICROTENSOR_THREADED_BLAS") == "numpy":
+    if numba.config.DISABLE_JIT or os.environ.get("MICROTENSOR_SPLIT_PRODUCTS") == "0":
         return False
     library = _numpy_blas_library()
     if library is None:

@@ -15,8 +15,10 @@ The common case in a network, x (B, T, C) @ W (C, O), is done as ONE (B*T, C) @ 
 (numpy's batched matmul would run B small ones), and dW as one (B*T, C)ᵀ @ (B*T, O) product.
 
 Backends (`set_matmul`), measured at the GPT recipe's shapes, float32, 2 cores:
-- "blas" (default): numpy's matmul, which calls OpenBLAS: blocked for the caches, vectorized,
-  multithreaded; hundreds of GFLOP/s.
+- "blas" (default): numpy's OpenBLAS, blocked for the caches and vectorized; ~190 GFLOP/s on 2
+  cores. A 2-D product is split into one slice of rows per Numba thread, each slice one BLAS call
+  (`ops/blas.py`: so that products and kernels share one pool of threads); batched products and
+  small ones go to np.matmul.
 - "numba": `matmul_kernel` below, three plain loops (rows in parallel, the inner loop running along
   contiguous rows of b and c so it vectorizes): the one to read and step through, a few times
   slower than BLAS because it does not block for the caches.
