@@ -86,6 +86,8 @@ def _blas_layout(x):
     """(transpose flag, leading dimension) that BLAS reads x (rows, cols) with, or None if x's
     strides fit neither way (then it is copied)."""
     rows, cols = x.shape
+    if any(s % x.itemsize for s in x.strides):
+        return None
     row_stride, col_stride = (s // x.itemsize for s in x.strides)
     if col_stride == 1 and (rows == 1 or row_stride >= max(1, cols)):
         return NO_TRANSPOSE, max(1, cols) if rows == 1 else row_stride
