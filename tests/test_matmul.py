@@ -136,3 +136,24 @@ def test_products_without_the_split_use_numpys_own_threads():
     result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
     available, spin, error = result.stdout.split()
     assert available == "False" and spin == "1000" and float(error) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batched_products_on_strided_views(dtype):
+    """The (B, H) products of attention, on the views it passes (heads of one (B, T, 3C) array,
+    transposes, an output that is the heads of a (B, T, C) array), against numpy."""
+    if not blas.AVAILABLE:
+        pytest.skip("numpy's BLAS is not callable from Numba here (another BLAS, or NUMBA_DISABLE_JIT=1)")
+    B, H, T, D = 3, 2, 5, 4
+    qkv = randn(B, T, 3 * H * D).astype(dtype)
+    q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # (B, H, T, D) views
+    scores = np.empty((B, H, T, T), dtype=dtype)
+    blas.matmul_batched(q, np.swapaxes(k, -1, -2), scores)
+    heads_out = np.zeros((B, T, H * D), dtype=dtype)
+    blas.matmul_batched(np.swapaxes(scores, -1, -2), v, heads_out.reshape(B, T, H, D).transpose(0, 2, 1, 3))
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    expected_scores = np.einsum("bhid,bhjd->bhij", q64, k64)
+    expected_out = np.einsum("bhji,bhjd->bhid", expected_scores, v64).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(scores, expected_scores, rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(heads_out, expected_out, rtol=tolerance, atol=tolerance * np.abs(expected_out).max())

@@ -24,12 +24,14 @@ pass of exponentials. Under no_grad (sampling) P is still written row by row but
 
 Two ways to compute it, chosen with the matrix products (`microtensor.set_matmul`):
 
-- "blas" (the default): the four kinds of product above (q kᵀ, P v, dO vᵀ and the three of the
-  gradients) are numpy's batched matmul, i.e. BLAS, one small (T, D) x (D, T) product per (b, h);
+- "blas" (the default): the products above (q kᵀ, P v, dO vᵀ and the three of the gradients) are
+  BLAS calls, one small (T, D) x (D, T) product per (b, h), shared among the threads and reading
+  q, k, v and the transposes as strided views (`batched_product`, ops/blas.py: forward ~0.36 ms
+  instead of ~0.55 with numpy's batched matmul, which runs them one after another on one thread);
   in between, two Numba kernels do what is not a product: `masked_softmax_forward` (scale, mask,
   softmax, in place on the scores) and `masked_softmax_backward` (the softmax JVP, in place on dP).
-  Measured at (12, 4, 64, 32), float32, 2 cores: forward ~0.35 ms, backward ~0.4 ms, against ~0.6
-  and ~0.65 ms for the fused loops below. BLAS's products are register-blocked; our loops over 64
+  Measured at (12, 4, 64, 32), float32, 2 cores: forward ~0.36 ms, backward ~0.5-0.7 ms (a Zen 4
+  VM); the fused loops below took ~0.6 and ~0.65 ms where this path took ~0.35 and ~0.4 (a Xeon VM). BLAS's products are register-blocked; our loops over 64
   keys or 32 dims are too short for that (LLVM's vector loop takes 32 floats a step here, so a
   causal row of 5 keys runs almost entirely in its scalar tail). The causal product computes the
   masked half too and throws it away: still cheaper than the loops.
@@ -57,6 +59,7 @@ from numba import njit, prange
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
 from ..tensor import Tensor
+from . import blas
 from .checks import check_float
 from .matmul import BACKENDS, get_matmul, with_matmul
 from .vector_math import exp_of_nonpositive, max_of_row
@@ -197,6 +200,15 @@ def masked_softmax_backward(probs, d_probs, scale):
                 dp[i, j] = p[i, j] * (dp[i, j] - row_dot[i]) * scale
 
 
+def batched_product(a, b, out):
+    """out (B, H, n, m) = a (B, H, n, k) @ b (B, H, k, m), any strides: the (B, H) products shared
+    among the threads, each one BLAS call reading the views as they are (ops/blas.py), or
+    np.matmul where that is not available."""
+    if blas.AVAILABLE:
+        return blas.matmul_batched(a, b, out)
+    return np.matmul(a, b, out=out)
+
+
 def attend(q, k, v, causal, out):
     """out (B, H, Tq, D) = attention of q (B, H, Tq, D) over k, v (B, H, Tk, D); returns P
     (B, H, Tq, Tk). Any strides in; `out` may be a view (the heads of a (B, T, C) array)."""
@@ -210,10 +222,10 @@ def attend(q, k, v, causal, out):
         attention_forward(q, k, v, scale, causal, result, probs)
         out[...] = result
         return probs
-    # kᵀ made contiguous: BLAS then reads it along its rows (2x faster than k's transposed view)
-    probs = np.matmul(q, np.ascontiguousarray(np.swapaxes(k, -1, -2)))  # (B, H, Tq, Tk) scores
+    probs = np.empty((B, H, Tq, Tk), dtype=q.dtype)
+    batched_product(q, np.swapaxes(k, -1, -2), probs)  # (B, H, Tq, Tk) scores
     masked_softmax_forward(probs.reshape(B * H, Tq, Tk), scale, causal)
-    np.matmul(probs, v, out=out)
+    batched_product(probs, v, out)
     return probs
 
 
@@ -230,11 +242,12 @@ def attend_backward(grad_out, q, k, v, probs, causal, grad_q, grad_k, grad_v):
         for grad, result in zip((grad_q, grad_k, grad_v), results):
             grad[...] = result
         return
-    d_scores = np.matmul(grad_out, np.ascontiguousarray(np.swapaxes(v, -1, -2)))  # dP (B, H, Tq, Tk)
+    d_scores = np.empty((B, H, Tq, Tk), dtype=q.dtype)
+    batched_product(grad_out, np.swapaxes(v, -1, -2), d_scores)  # dP (B, H, Tq, Tk)
     masked_softmax_backward(probs.reshape(B * H, Tq, Tk), d_scores.reshape(B * H, Tq, Tk), scale)  # now dS
-    np.matmul(d_scores, k, out=grad_q)  # dq = dS k
-    np.matmul(np.swapaxes(d_scores, -1, -2), q, out=grad_k)  # dk = dSᵀ q
-    np.matmul(np.swapaxes(probs, -1, -2), grad_out, out=grad_v)  # dv = Pᵀ dO
+    batched_product(d_scores, k, grad_q)  # dq = dS k
+    batched_product(np.swapaxes(d_scores, -1, -2), q, grad_k)  # dk = dSᵀ q
+    batched_product(np.swapaxes(probs, -1, -2), grad_out, grad_v)  # dv = Pᵀ dO
 
 
 class ScaledDotProductAttention(Function):

@@ -82,6 +82,23 @@ def gemm_rows_in_parallel(parts, double, trans_a, trans_b, n, m, k, a, a_row_ste
             sgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, one, a_slice, lda, b, ldb, zero, c_slice, ldc)
 
 
+@njit(cache=True, parallel=True)
+def gemm_batch_in_parallel(double, trans_a, trans_b, n, m, k, outer, inner, a, a_steps, lda, b, b_steps, ldb, c, c_steps, ldc):
+    """C[i, j] = op(A[i, j]) @ op(B[i, j]) for every i < outer, j < inner: one BLAS call per
+    product, the products shared among the threads. *_steps are the byte distances between
+    consecutive i and consecutive j (a (2,) int64 array each)."""
+    for item in prange(outer * inner):
+        i, j = item // inner, item % inner
+        a_item = a + i * a_steps[0] + j * a_steps[1]
+        b_item = b + i * b_steps[0] + j * b_steps[1]
+        c_item = c + i * c_steps[0] + j * c_steps[1]
+        if double:
+            dgemm(ROW_MAJOR, trans_a, trans_b, n, m, k, 1.0, a_item, lda, b_item, ldb, 0.0, c_item, ldc)
+        else:
+            one, zero = np.float32(1), np.float32(0)
+            sgemm(ROW_MAJOR, trans_a, trans_b, n, m, k, one, a_item, lda, b_item, ldb, zero, c_item, ldc)
+
+
 def _blas_layout(x):
     """(transpose flag, leading dimension) that BLAS reads x (rows, cols) with, or None if x's
     strides fit neither way (then it is copied)."""
@@ -116,6 +133,24 @@ def matmul_2d(a, b):
         a.ctypes.data, a.strides[0], lda, b.ctypes.data, ldb, c.ctypes.data, m,
     )  # fmt: skip
     return c
+
+
+def matmul_batched(a, b, out):
+    """out[i, j] = a[i, j] @ b[i, j] for 4-D stacks (outer, inner, n, k) @ (outer, inner, k, m) ->
+    out (outer, inner, n, m), all of one float dtype, any strides (views of other arrays too: no
+    copy is made when every matrix has a BLAS layout). Products on the threads, one per (i, j)."""
+    matrices = [(x, _blas_layout(x[0, 0]) if x.shape[0] and x.shape[1] else None) for x in (a, b, out)]
+    if any(layout is None for _, layout in matrices) or matrices[2][1][0] != NO_TRANSPOSE:
+        return np.matmul(a, b, out=out)  # a layout BLAS cannot read without copying
+    (_, (trans_a, lda)), (_, (trans_b, ldb)), (_, (_, ldc)) = matrices
+    outer, inner, n, k = a.shape
+    m = b.shape[3]
+    steps = [np.array(x.strides[:2], dtype=np.int64) for x in (a, b, out)]
+    gemm_batch_in_parallel(
+        a.dtype == np.float64, trans_a, trans_b, n, m, k, outer, inner,
+        a.ctypes.data, steps[0], lda, b.ctypes.data, steps[1], ldb, out.ctypes.data, steps[2], ldc,
+    )  # fmt: skip
+    return out
 
 
 def _numpy_blas_library():
