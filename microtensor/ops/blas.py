@@ -7,8 +7,9 @@ the cores: a pool that spins after its work, waiting for more, steals the cores 
 next call, and a pool that sleeps at once pays for waking its threads (50-100 µs on a virtual
 machine, more than a whole kernel of the step). PyTorch runs its products and its kernels on one
 OpenMP pool and has neither problem. So does microtensor, when it can: OpenBLAS is told to use
-one thread, and `gemm_rows_in_parallel` below splits the rows of C = A B into one slice per Numba
-thread, each thread calling BLAS's gemm on its slice. Then one pool does everything, and its
+one thread, and `gemm_in_parallel` below splits the rows of C = A B into one slice per Numba
+thread, each thread calling BLAS's gemm on its slice (and shares a stack of small products, as in
+attention, among the threads, one product per call). Then one pool does everything, and its
 threads may spin between calls (microtensor/__init__.py sets how long) without stealing from
 anyone. At the GPT recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at
 ~190 GFLOP/s this way, against ~180 when OpenBLAS threads it itself and both pools are settled.
@@ -62,41 +63,30 @@ SMALL_PRODUCT = 1 << 17
 
 
 @njit(cache=True, parallel=True)
-def gemm_rows_in_parallel(parts, double, trans_a, trans_b, n, m, k, a, a_row_step, lda, b, ldb, c, ldc):
-    """C (n, m) = op(A) @ op(B), the rows of C cut into `parts` slices, one per thread.
+def gemm_in_parallel(double, trans_a, trans_b, n, m, k, outer, inner, slices, a, a_steps, lda, b, b_steps, ldb, c, c_steps, ldc):
+    """C[i, j] = op(A[i, j]) @ op(B[i, j]), (n, m) each, for i < outer and j < inner,
+    with the rows of each product cut into `slices` slices: one BLAS call per slice, the calls
+    shared among the threads.
 
-    a, b, c are the addresses of the first elements; a_row_step is the distance in bytes from one
-    row of op(A) to the next (lda elements if A is stored as it is, one element if transposed).
+    a, b, c are the addresses of the first elements; *_steps are the distances in bytes between
+    consecutive i, consecutive j and consecutive rows (a (3,) int64 array each; for op(A) a row
+    step is lda elements if A is stored as it is, one element if it is transposed).
     """
-    itemsize = 8 if double else 4
-    for part in prange(parts):
-        first = n * part // parts
-        rows = n * (part + 1) // parts - first
+    for item in prange(outer * inner * slices):
+        product, part = item // slices, item % slices
+        i, j = product // inner, product % inner
+        first = n * part // slices
+        rows = n * (part + 1) // slices - first
         if rows == 0:
             continue
-        a_slice, c_slice = a + first * a_row_step, c + first * ldc * itemsize
-        if double:
-            dgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, 1.0, a_slice, lda, b, ldb, 0.0, c_slice, ldc)
-        else:
-            one, zero = np.float32(1), np.float32(0)
-            sgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, one, a_slice, lda, b, ldb, zero, c_slice, ldc)
-
-
-@njit(cache=True, parallel=True)
-def gemm_batch_in_parallel(double, trans_a, trans_b, n, m, k, outer, inner, a, a_steps, lda, b, b_steps, ldb, c, c_steps, ldc):
-    """C[i, j] = op(A[i, j]) @ op(B[i, j]) for every i < outer, j < inner: one BLAS call per
-    product, the products shared among the threads. *_steps are the byte distances between
-    consecutive i and consecutive j (a (2,) int64 array each)."""
-    for item in prange(outer * inner):
-        i, j = item // inner, item % inner
-        a_item = a + i * a_steps[0] + j * a_steps[1]
+        a_item = a + i * a_steps[0] + j * a_steps[1] + first * a_steps[2]
         b_item = b + i * b_steps[0] + j * b_steps[1]
-        c_item = c + i * c_steps[0] + j * c_steps[1]
+        c_item = c + i * c_steps[0] + j * c_steps[1] + first * c_steps[2]
         if double:
-            dgemm(ROW_MAJOR, trans_a, trans_b, n, m, k, 1.0, a_item, lda, b_item, ldb, 0.0, c_item, ldc)
+            dgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, 1.0, a_item, lda, b_item, ldb, 0.0, c_item, ldc)
         else:
             one, zero = np.float32(1), np.float32(0)
-            sgemm(ROW_MAJOR, trans_a, trans_b, n, m, k, one, a_item, lda, b_item, ldb, zero, c_item, ldc)
+            sgemm(ROW_MAJOR, trans_a, trans_b, rows, m, k, one, a_item, lda, b_item, ldb, zero, c_item, ldc)
 
 
 def _blas_layout(x):
@@ -114,43 +104,38 @@ def _blas_layout(x):
 
 
 def matmul_2d(a, b):
-    """a (n, k) @ b (k, m) -> a new C-contiguous (n, m), both float32 or both float64, any strides."""
+    """a (n, k) @ b (k, m) -> a new C-contiguous (n, m), both float32 or both float64, any strides:
+    one product, its rows cut into one slice per thread."""
     n, k = a.shape
     m = b.shape[1]
     c = np.empty((n, m), dtype=a.dtype)
     if n * k * m < SMALL_PRODUCT or k == 0:
         return np.matmul(a, b, out=c)
-    layouts = []
-    for x in (a, b):
-        layout = _blas_layout(x)
-        if layout is None:
-            x = np.ascontiguousarray(x)
-            layout = (NO_TRANSPOSE, x.shape[1])
-        layouts.append((x, layout))
-    (a, (trans_a, lda)), (b, (trans_b, ldb)) = layouts
-    gemm_rows_in_parallel(
-        numba.get_num_threads(), a.dtype == np.float64, trans_a, trans_b, n, m, k,
-        a.ctypes.data, a.strides[0], lda, b.ctypes.data, ldb, c.ctypes.data, m,
-    )  # fmt: skip
-    return c
+    a, b = (x if _blas_layout(x) else np.ascontiguousarray(x) for x in (a, b))
+    return _gemm(a[None, None], b[None, None], c[None, None], numba.get_num_threads())[0, 0]
 
 
 def matmul_batched(a, b, out):
     """out[i, j] = a[i, j] @ b[i, j] for 4-D stacks (outer, inner, n, k) @ (outer, inner, k, m) ->
     out (outer, inner, n, m), all of one float dtype, any strides (views of other arrays too: no
-    copy is made when every matrix has a BLAS layout). Products on the threads, one per (i, j)."""
-    matrices = [(x, _blas_layout(x[0, 0]) if x.shape[0] and x.shape[1] else None) for x in (a, b, out)]
-    if any(layout is None for _, layout in matrices) or matrices[2][1][0] != NO_TRANSPOSE:
-        return np.matmul(a, b, out=out)  # a layout BLAS cannot read without copying
-    (_, (trans_a, lda)), (_, (trans_b, ldb)), (_, (_, ldc)) = matrices
-    outer, inner, n, k = a.shape
-    m = b.shape[3]
-    steps = [np.array(x.strides[:2], dtype=np.int64) for x in (a, b, out)]
-    gemm_batch_in_parallel(
-        a.dtype == np.float64, trans_a, trans_b, n, m, k, outer, inner,
-        a.ctypes.data, steps[0], lda, b.ctypes.data, steps[1], ldb, out.ctypes.data, steps[2], ldc,
+    copy is made when every matrix has a BLAS layout): one product per thread at a time."""
+    if 0 in a.shape or 0 in b.shape or not all(_blas_layout(x[0, 0]) for x in (a, b, out)):
+        return np.matmul(a, b, out=out)  # empty, or a layout BLAS cannot read without copying
+    if _blas_layout(out[0, 0])[0] != NO_TRANSPOSE:
+        return np.matmul(a, b, out=out)
+    return _gemm(a, b, out, 1)
+
+
+def _gemm(a, b, c, slices):
+    """c = a @ b for 4-D stacks whose matrices BLAS can read as they are (see _blas_layout)."""
+    (trans_a, lda), (trans_b, ldb), (_, ldc) = (_blas_layout(x[0, 0]) for x in (a, b, c))
+    _, _, n, k = a.shape
+    steps = [np.array(x.strides[:3], dtype=np.int64) for x in (a, b, c)]
+    gemm_in_parallel(
+        a.dtype == np.float64, trans_a, trans_b, n, b.shape[3], k, a.shape[0], a.shape[1], slices,
+        a.ctypes.data, steps[0], lda, b.ctypes.data, steps[1], ldb, c.ctypes.data, steps[2], ldc,
     )  # fmt: skip
-    return out
+    return c
 
 
 def _numpy_blas_library():
@@ -181,7 +166,7 @@ def _connect():
             continue
         set_threads = functions[2]
         set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
-        set_threads(1)  # every product is split by gemm_rows_in_parallel; OpenBLAS must not split it again
+        set_threads(1)  # every product is split by gemm_in_parallel; OpenBLAS must not split it again
         for name, function in (("microtensor_cblas_sgemm", functions[0]), ("microtensor_cblas_dgemm", functions[1])):
             llvm.add_symbol(name, ctypes.cast(function, ctypes.c_void_p).value)
         return True
