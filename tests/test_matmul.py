@@ -157,3 +157,16 @@ def test_batched_products_on_strided_views(dtype):
     tolerance = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(scores, expected_scores, rtol=tolerance, atol=tolerance)
     np.testing.assert_allclose(heads_out, expected_out, rtol=tolerance, atol=tolerance * np.abs(expected_out).max())
+
+
+def test_two_products_computed_together():
+    """matmul_2d_pair: a large and a small product, transposed views among them, each as numpy gives it."""
+    if not blas.AVAILABLE:
+        pytest.skip("numpy's BLAS is not callable from Numba here (another BLAS, or NUMBA_DISABLE_JIT=1)")
+    g, w, x = randn(300, 200), randn(100, 200, seed=1), randn(300, 100, seed=2)
+    small_a, small_b = randn(3, 4, seed=3), randn(4, 5, seed=4)
+    for first, second in [((g, w.T), (x.T, g)), ((g, w.T), (small_a, small_b)), ((small_a, small_b), (x.T, g))]:
+        got = blas.matmul_2d_pair(first, second)
+        for (a, b), c in zip((first, second), got):
+            assert c.flags.c_contiguous
+            np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)

@@ -94,6 +94,13 @@ def _multiply(a, b):
     return c.reshape(batch + c.shape[1:])
 
 
+def _multiply_both(a1, b1, a2, b2):
+    """(a1 @ b1, a2 @ b2): with BLAS, two 2-D products are computed together (ops/blas.py)."""
+    if _backend == "blas" and blas.AVAILABLE and a1.ndim == b1.ndim == a2.ndim == b2.ndim == 2:
+        return tuple(blas.matmul_2d_pair((a1, b1), (a2, b2)))
+    return _multiply(a1, b1), _multiply(a2, b2)
+
+
 class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
@@ -110,6 +117,9 @@ class MatMul(Function):
         if a.ndim > 2 and b.ndim == 2:
             rows = a.reshape(-1, a.shape[-1])  # (N, k)
             g = grad_out.reshape(-1, grad_out.shape[-1])  # (N, m)
+            if all(ctx.needs_input_grad):
+                grad_a, grad_b = _multiply_both(g, b.T, rows.T, g)
+                return grad_a.reshape(a.shape), grad_b
             if ctx.needs_input_grad[0]:
                 grad_a = _multiply(g, b.T).reshape(a.shape)
             if ctx.needs_input_grad[1]:
