@@ -28,7 +28,10 @@ backward rebuilds xhat instead of storing it.
 The kernels run on one thread, although the rows are independent: at the GPT's shape (768, 128)
 the work (~50 µs) is less than what handing half the rows to a second thread costs here (waking
 it takes ~75 µs on a 2-core virtual machine). Measured inside a training step, per call: forward
-81 µs on one thread against 130 µs on two, backward 124 against 160 µs.
+81 µs on one thread against 130 µs on two, backward 124 against 160 µs. Since the threads spin
+between calls (ops/blas.py) waking costs nothing, but two threads were still no faster inside a
+step (three alternating profiles on a 2-core Zen 4 VM: 0.9-1.4 ms per step either way), so the
+kernels stay on one thread.
 """
 import numpy as np
 from numba import njit
