@@ -28,6 +28,7 @@ False and matmul uses np.matmul, with OpenBLAS threading its products itself.
     slice t of C: rows [n t / T, n (t + 1) / T) = op(A)'s same rows @ op(B), one BLAS call
 """
 import ctypes
+import functools
 import glob
 import os
 
@@ -105,19 +106,32 @@ def matmul_2d_pair(*products):
     """[a @ b for (a, b) in products], one or two 2-D products (as above) computed together: with
     two, each gets half of the threads, each of them a slice of its rows. A layer's backward needs
     two products, g Wᵀ and xᵀ g; one BLAS call over all rows of a product on each thread ran them
-    ~10% faster than both products one after the other, each split across the threads."""
+    ~10% faster than both products one after the other, each split across the threads.
+
+    Everything here but the products themselves is Python that runs ~60 times a training step,
+    so it is kept to plain arithmetic on shapes and strides (each numpy call costs ~1 µs)."""
     outputs = [np.empty((a.shape[0], b.shape[1]), dtype=a.dtype) for a, b in products]
-    threads = numba.get_num_threads()
+    slices = max(1, numba.get_num_threads() // len(products))
     jobs = []
     for (a, b), c in zip(products, outputs):
         n, k = a.shape
-        if n * k * c.shape[1] < SMALL_PRODUCT or k == 0:
+        m = b.shape[1]
+        if n * k * m < SMALL_PRODUCT or k == 0:
             np.matmul(a, b, out=c)  # on this thread: too small to be worth sharing
             continue
-        a, b = (x if _blas_layout(x) else np.ascontiguousarray(x) for x in (a, b))
-        jobs.append(_product_jobs(a, b, c, slices=max(1, threads // len(products))))
+        layouts = [_blas_layout(x) for x in (a, b)]
+        if None in layouts:
+            a, b = (np.ascontiguousarray(x) if layout is None else x for x, layout in zip((a, b), layouts))
+            layouts = [_blas_layout(x) for x in (a, b)]
+        (trans_a, lda), (trans_b, ldb) = layouts
+        a_address, b_address, c_address = a.ctypes.data, b.ctypes.data, c.ctypes.data
+        for part in range(slices):  # slice `part` is rows [first, last) of C and of op(A)
+            first, last = n * part // slices, n * (part + 1) // slices
+            if last > first:
+                a_slice, c_slice = a_address + first * a.strides[0], c_address + first * c.strides[0]
+                jobs.append((trans_a, trans_b, last - first, m, k, a_slice, lda, b_address, ldb, c_slice, m))
     if jobs:
-        gemm_in_parallel(outputs[0].dtype == np.float64, np.concatenate(jobs))
+        gemm_in_parallel(outputs[0].dtype == np.float64, np.array(jobs, dtype=np.int64))
     return outputs
 
 
@@ -133,23 +147,19 @@ def matmul_batched(a, b, out):
     jobs = np.empty((outer * inner, 11), dtype=np.int64)
     jobs[:] = (trans_a, trans_b, n, b.shape[3], k, 0, lda, 0, ldb, 0, ldc)
     for column, x in ((A, a), (B, b), (C, out)):  # the address of matrix (i, j) of each stack
-        first_elements = np.arange(outer)[:, None] * x.strides[0] + np.arange(inner)[None, :] * x.strides[1]
-        jobs[:, column] = x.ctypes.data + first_elements.reshape(-1)
+        jobs[:, column] = _matrix_offsets(outer, inner, *x.strides[:2]) + x.ctypes.data
     gemm_in_parallel(a.dtype == np.float64, jobs)
     return out
 
 
-def _product_jobs(a, b, c, slices):
-    """The job table of c = a @ b (2-D, layouts BLAS reads as they are), c's rows cut into `slices`."""
-    (trans_a, lda), (trans_b, ldb), (_, ldc) = (_blas_layout(x) for x in (a, b, c))
-    n, k = a.shape
-    firsts = n * np.arange(slices + 1) // slices  # slice s is rows [firsts[s], firsts[s + 1])
-    jobs = np.empty((slices, 11), dtype=np.int64)
-    jobs[:] = (trans_a, trans_b, 0, b.shape[1], k, a.ctypes.data, lda, b.ctypes.data, ldb, c.ctypes.data, ldc)
-    jobs[:, ROWS] = np.diff(firsts)
-    jobs[:, A] += firsts[:-1] * a.strides[0]  # the first row of the slice: of op(A), and of C
-    jobs[:, C] += firsts[:-1] * c.strides[0]
-    return jobs[jobs[:, ROWS] > 0]
+@functools.lru_cache(maxsize=64)
+def _matrix_offsets(outer, inner, outer_stride, inner_stride):
+    """Byte offsets of the matrices (i, j) of an (outer, inner) stack, in order, (outer * inner,);
+    kept, as a training step asks for the same few again and again."""
+    i, j = np.divmod(np.arange(outer * inner, dtype=np.int64), inner)
+    offsets = i * outer_stride + j * inner_stride
+    offsets.flags.writeable = False  # shared by every call that asks for it
+    return offsets
 
 
 def _numpy_blas_library():
