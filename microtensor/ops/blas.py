@@ -9,9 +9,9 @@ machine, more than a whole kernel of the step). PyTorch runs its products and it
 OpenMP pool and has neither problem. So does microtensor, when it can: OpenBLAS is told to use
 one thread, and `gemm_in_parallel` below runs a table of BLAS calls on Numba's threads: the
 rows of C = A B cut into one slice per thread, each thread calling BLAS's gemm on its slice; or
-a stack of small products, as in attention, one product per call. Then one pool does everything, and its
-threads may spin between calls (microtensor/__init__.py sets how long) without stealing from
-anyone. At the GPT recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at
+a stack of small products, as in attention, one product per call. Then one pool does everything,
+and its threads may spin between calls (microtensor/__init__.py sets how long) without stealing
+from anyone. At the GPT recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at
 ~190 GFLOP/s this way, against ~180 when OpenBLAS threads it itself and both pools are settled.
 
 How. BLAS's `cblas_?gemm` multiplies row-major matrices given by a pointer and a row stride (its
@@ -162,38 +162,35 @@ def _matrix_offsets(outer, inner, outer_stride, inner_stride):
     return offsets
 
 
-def _numpy_blas_library():
-    """The OpenBLAS shared library inside numpy's wheel, as a ctypes CDLL, or None."""
+def _numpy_blas_libraries():
+    """The shared libraries inside numpy's wheel that may be its OpenBLAS, as ctypes CDLLs."""
     here = os.path.dirname(np.__file__)
     for pattern in ("../numpy.libs/*openblas*", ".dylibs/*openblas*", "../numpy.libs/*.dll", ".libs/*openblas*"):
         for path in sorted(glob.glob(os.path.join(here, pattern))):
             try:
-                return ctypes.CDLL(path)
+                yield ctypes.CDLL(path)
             except OSError:
                 continue
-    return None
 
 
 def _connect():
     """Register numpy's gemm with LLVM and set OpenBLAS to one thread; True if that worked."""
     if numba.config.DISABLE_JIT or os.environ.get("MICROTENSOR_SPLIT_PRODUCTS") == "0":
         return False
-    library = _numpy_blas_library()
-    if library is None:
-        return False
     import llvmlite.binding as llvm
 
-    for sgemm_name, dgemm_name, threads_name in SYMBOL_SETS:
-        try:
-            functions = [getattr(library, name) for name in (sgemm_name, dgemm_name, threads_name)]
-        except AttributeError:
-            continue
-        set_threads = functions[2]
-        set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
-        set_threads(1)  # every product is split by gemm_in_parallel; OpenBLAS must not split it again
-        for name, function in (("microtensor_cblas_sgemm", functions[0]), ("microtensor_cblas_dgemm", functions[1])):
-            llvm.add_symbol(name, ctypes.cast(function, ctypes.c_void_p).value)
-        return True
+    for library in _numpy_blas_libraries():
+        for sgemm_name, dgemm_name, threads_name in SYMBOL_SETS:
+            try:
+                functions = [getattr(library, name) for name in (sgemm_name, dgemm_name, threads_name)]
+            except AttributeError:
+                continue
+            set_threads = functions[2]
+            set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
+            set_threads(1)  # every product is split by gemm_in_parallel; OpenBLAS must not split it again
+            for name, function in (("microtensor_cblas_sgemm", functions[0]), ("microtensor_cblas_dgemm", functions[1])):
+                llvm.add_symbol(name, ctypes.cast(function, ctypes.c_void_p).value)
+            return True
     return False
 
 
