@@ -160,13 +160,13 @@ def test_batched_products_on_strided_views(dtype):
 
 
 def test_two_products_computed_together():
-    """matmul_2d_pair: a large and a small product, transposed views among them, each as numpy gives it."""
+    """matmul_2d_together: a large and a small product, transposed views among them, each as numpy gives it."""
     if not blas.AVAILABLE:
         pytest.skip("numpy's BLAS is not callable from Numba here (another BLAS, or NUMBA_DISABLE_JIT=1)")
     g, w, x = randn(300, 200), randn(100, 200, seed=1), randn(300, 100, seed=2)
     small_a, small_b = randn(3, 4, seed=3), randn(4, 5, seed=4)
     for first, second in [((g, w.T), (x.T, g)), ((g, w.T), (small_a, small_b)), ((small_a, small_b), (x.T, g))]:
-        got = blas.matmul_2d_pair(first, second)
+        got = blas.matmul_2d_together(first, second)
         for (a, b), c in zip((first, second), got):
             assert c.flags.c_contiguous
             np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)

@@ -31,9 +31,10 @@ Two ways to compute it, chosen with the matrix products (`microtensor.set_matmul
   in between, two Numba kernels do what is not a product: `masked_softmax_forward` (scale, mask,
   softmax, in place on the scores) and `masked_softmax_backward` (the softmax JVP, in place on dP).
   Measured at (12, 4, 64, 32), float32, 2 cores: forward ~0.36 ms, backward ~0.5-0.7 ms (a Zen 4
-  VM); the fused loops below took ~0.6 and ~0.65 ms where this path took ~0.35 and ~0.4 (a Xeon VM). BLAS's products are register-blocked; our loops over 64
-  keys or 32 dims are too short for that (LLVM's vector loop takes 32 floats a step here, so a
-  causal row of 5 keys runs almost entirely in its scalar tail). The causal product computes the
+  VM); the fused loops below took ~0.6 and ~0.65 ms where this path took ~0.35 and ~0.4 (a Xeon
+  VM). BLAS's products are register-blocked; our loops over 64 keys or 32 dims are too short for
+  that (LLVM's vector loop takes 32 floats a step here, so a causal row of 5 keys runs almost
+  entirely in its scalar tail). The causal product computes the
   masked half too and throws it away: still cheaper than the loops.
 - "numba": `attention_forward` and `attention_backward`, every step of the math above fused into
   one kernel each, plain loops parallel over (b, h): the ones to read and step through.

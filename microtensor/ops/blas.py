@@ -102,11 +102,11 @@ def _blas_layout(x):
 def matmul_2d(a, b):
     """a (n, k) @ b (k, m) -> a new C-contiguous (n, m), both float32 or both float64, any strides:
     one product, its rows cut into one slice per thread."""
-    return matmul_2d_pair((a, b))[0]
+    return matmul_2d_together((a, b))[0]
 
 
-def matmul_2d_pair(*products):
-    """[a @ b for (a, b) in products], one or two 2-D products (as above) computed together: with
+def matmul_2d_together(*products):
+    """[a @ b for (a, b) in products], 2-D products (as above) computed in one parallel call: with
     two, each gets half of the threads, each of them a slice of its rows. A layer's backward needs
     two products, g Wᵀ and xᵀ g; one BLAS call over all rows of a product on each thread ran them
     ~10% faster than both products one after the other, each split across the threads.

@@ -97,7 +97,7 @@ def _multiply(a, b):
 def _multiply_both(a1, b1, a2, b2):
     """(a1 @ b1, a2 @ b2): with BLAS, two 2-D products are computed together (ops/blas.py)."""
     if _backend == "blas" and blas.AVAILABLE and a1.ndim == b1.ndim == a2.ndim == b2.ndim == 2:
-        return tuple(blas.matmul_2d_pair((a1, b1), (a2, b2)))
+        return tuple(blas.matmul_2d_together((a1, b1), (a2, b2)))
     return _multiply(a1, b1), _multiply(a2, b2)
 
 
