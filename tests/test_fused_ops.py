@@ -118,6 +118,33 @@ def test_multi_head_attention_splits_attends_and_merges(causal, matmul_backend):
         F.multi_head_attention(mt.tensor(qkv[:, :, :-1]), H)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_without_blas_calls(causal, monkeypatch):
+    """Where numpy's BLAS cannot be called from Numba, attention runs np.matmul and the softmax
+    kernels in separate passes: the same values and gradients (against the reference, and
+    against finite differences through the fused path's gradcheck case)."""
+    from microtensor.ops import attention, blas
+
+    q, k, v = randn(2, 3, 5, 4), randn(2, 3, 5, 4, seed=1), randn(2, 3, 5, 4, seed=2)
+    grad = randn(2, 3, 5, 4, seed=3)
+    available = blas.AVAILABLE
+    monkeypatch.setattr(blas, "AVAILABLE", False)
+    assert attention.blas_jobs((q, np.swapaxes(k, -1, -2), np.empty((2, 3, 5, 5)))) is None
+    inputs = [mt.tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*inputs, causal=causal)
+    np.testing.assert_allclose(out.numpy(), attention_reference(q, k, v, causal), rtol=1e-12, atol=1e-12)
+    out.backward(mt.tensor(grad))
+    attend = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=causal)  # noqa: E731
+    mt.gradcheck(attend, [mt.tensor(a, requires_grad=True) for a in (q, k, v)])
+    if not available:
+        return  # the fused path needs BLAS (not under NUMBA_DISABLE_JIT=1)
+    monkeypatch.setattr(blas, "AVAILABLE", True)
+    fused = [mt.tensor(a, requires_grad=True) for a in (q, k, v)]
+    F.scaled_dot_product_attention(*fused, causal=causal).backward(mt.tensor(grad))
+    for separate, together in zip(inputs, fused):
+        np.testing.assert_allclose(separate.grad, together.grad, rtol=1e-10, atol=1e-12)
+
+
 def test_incremental_attention_equals_the_full_causal_forward():
     q, k, v = randn(1, 2, 6, 4), randn(1, 2, 6, 4, seed=1), randn(1, 2, 6, 4, seed=2)
     full = F.scaled_dot_product_attention(mt.tensor(q), mt.tensor(k), mt.tensor(v)).numpy()
@@ -206,8 +233,8 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
         (embedding.embedding_backward, (a, ids, a.copy())),
         (attention.attention_forward, (q, q, q, f(0.5), True, q.copy(), probs.copy())),
         (attention.attention_backward, (q, q, q, q, probs, f(0.5), True, q.copy(), q.copy(), q.copy())),
-        (attention.masked_softmax_forward, (probs[0].copy(), f(0.5), True)),
-        (attention.masked_softmax_backward, (probs[0], probs[0].copy(), f(0.5))),
+        (attention.masked_softmax_tile, (probs[0, 0].copy(), f(0.5), True)),
+        (attention.masked_softmax_backward_tile, (probs[0, 0], probs[0, 0].copy(), f(0.5))),
     ]
     promoted = {}
     for kernel, args in calls:

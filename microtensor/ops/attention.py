@@ -25,21 +25,25 @@ pass of exponentials. Under no_grad (sampling) P is still written row by row but
 Two ways to compute it, chosen with the matrix products (`microtensor.set_matmul`):
 
 - "blas" (the default): the products above (q kᵀ, P v, dO vᵀ and the three of the gradients) are
-  BLAS calls, one small (T, D) x (D, T) product per (b, h), shared among the threads and reading
-  q, k, v and the transposes as strided views (`batched_product`, ops/blas.py: forward ~0.36 ms
-  instead of ~0.55 with numpy's batched matmul, which runs them one after another on one thread);
-  in between, two Numba kernels do what is not a product: `masked_softmax_forward` (scale, mask,
-  softmax, in place on the scores) and `masked_softmax_backward` (the softmax JVP, in place on dP).
-  Measured at (12, 4, 64, 32), float32, 2 cores: forward ~0.36 ms, backward ~0.5-0.7 ms (a Zen 4
-  VM); the fused loops below took ~0.6 and ~0.65 ms where this path took ~0.35 and ~0.4 (a Xeon
-  VM). BLAS's products are register-blocked; our loops over 64 keys or 32 dims are too short for
-  that (LLVM's vector loop takes 32 floats a step here, so a causal row of 5 keys runs almost
-  entirely in its scalar tail). The causal product computes the
-  masked half too and throws it away: still cheaper than the loops.
+  BLAS calls, one small (T, D) x (D, T) product per (b, h), reading q, k, v and the transposes as
+  strided views (ops/blas.py); what is not a product is a Numba function on one (b, h)'s tile:
+  `masked_softmax_tile` (scale, mask, softmax, in place on the scores) and
+  `masked_softmax_backward_tile` (the softmax JVP, in place on dP). `attention_forward_by_blas`
+  and `attention_backward_by_blas` give each thread one (b, h) at a time and run all its steps
+  there, so the (64, 64) tile is softmaxed while it is still in that core's cache and the threads
+  meet once per call. Run as separate passes over all (b, h) (products, then softmax, then
+  products), the same work took 2% longer forward and 6-9% longer backward (alternating blocks in
+  one process, (12, 4, 64, 32), float32, 2-core Zen 3 VM: ~0.73 and ~1.0 ms fused).
+  The fused loops below took ~0.6 and ~0.65 ms where BLAS products took ~0.35 and ~0.4 (a Xeon
+  VM), and on the Zen 3 VM the loops' forward ~1.4 ms against ~0.5: BLAS's products are
+  register-blocked; our loops over 64 keys or 32 dims are too short for that (LLVM's vector loop
+  takes 32 floats a step here, so a causal row of 5 keys runs almost entirely in its scalar
+  tail). The causal product computes the masked half too and throws it away: still cheaper than
+  the loops.
 - "numba": `attention_forward` and `attention_backward`, every step of the math above fused into
   one kernel each, plain loops parallel over (b, h): the ones to read and step through.
 
-Masking in `masked_softmax_forward`: the scores a query may not see are set to -inf first, so that
+Masking in `masked_softmax_tile`: the scores a query may not see are set to -inf first, so that
 every later loop runs over the whole row (the row maximum ignores -inf, e^-inf = 0, and the JVP
 gives 0 where P = 0). Rows of varying length (1 to 64 keys) cost more than the work they save.
 
@@ -148,66 +152,105 @@ def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, 
                     grad_v[b, h, j, d] += p * grad_out[b, h, i, d]
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def masked_softmax_forward(scores, scale, causal):
-    """scores (N, Tq, Tk) = q kᵀ, in place -> P = softmax(scale * scores) along the keys, with the
+@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+def masked_softmax_tile(s, scale, causal):
+    """s (Tq, Tk) = q kᵀ of one (b, h), in place -> P = softmax(scale * s) along the keys, with the
     keys a query may not see (causal: key j > Tk - Tq + i) at probability 0.
 
-    Three passes over the rows of one (b, h), not one loop doing everything per row: within a row
-    each step waits for the one before (the maximum for the exponentials, their sum for the
-    division), and 64 keys are too few to hide that wait; rows of one pass are independent and
-    overlap. 3072 rows of 64, float32, one thread: 282 µs instead of 375."""
-    N, Tq, Tk = scores.shape
-    zero, one = scores.dtype.type(0), scores.dtype.type(1)
-    for n in prange(N):
-        s = scores[n]  # (Tq, Tk), one (b, h)
-        row_max = np.empty(Tq, dtype=scores.dtype)
-        total = np.empty(Tq, dtype=scores.dtype)
-        for i in range(Tq):
-            if causal:
-                for j in range(Tk - Tq + i + 1, Tk):
-                    s[i, j] = -np.inf
-            row_max[i] = max_of_row(s, i)  # scale > 0: the max of s is where scale * s is largest
-        for i in range(Tq):
-            row_total = zero
-            for j in range(Tk):
-                e = exp_of_nonpositive((s[i, j] - row_max[i]) * scale)
-                s[i, j] = e
-                row_total += e
-            total[i] = row_total
-        for i in range(Tq):
-            inverse = one / total[i]
-            for j in range(Tk):
-                s[i, j] *= inverse
+    Three passes over the rows, not one loop doing everything per row: within a row each step
+    waits for the one before (the maximum for the exponentials, their sum for the division), and
+    64 keys are too few to hide that wait; rows of one pass are independent and overlap. 3072 rows
+    of 64, float32, one thread: 282 µs instead of 375."""
+    Tq, Tk = s.shape
+    zero, one = s.dtype.type(0), s.dtype.type(1)
+    row_max = np.empty(Tq, dtype=s.dtype)
+    total = np.empty(Tq, dtype=s.dtype)
+    for i in range(Tq):
+        if causal:
+            for j in range(Tk - Tq + i + 1, Tk):
+                s[i, j] = -np.inf
+        row_max[i] = max_of_row(s, i)  # scale > 0: the max of s is where scale * s is largest
+    for i in range(Tq):
+        row_total = zero
+        for j in range(Tk):
+            e = exp_of_nonpositive((s[i, j] - row_max[i]) * scale)
+            s[i, j] = e
+            row_total += e
+        total[i] = row_total
+    for i in range(Tq):
+        inverse = one / total[i]
+        for j in range(Tk):
+            s[i, j] *= inverse
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+def masked_softmax_backward_tile(p, dp, scale):
+    """dp (Tq, Tk) = dL/dP of one (b, h), in place -> dL/dS = scale * P * (dP - sum_j P dP), per
+    row: the softmax JVP and the scale's chain rule. Masked keys have P = 0 and get 0. Two passes,
+    for the reason given in masked_softmax_tile."""
+    Tq, Tk = p.shape
+    zero = p.dtype.type(0)
+    row_dot = np.empty(Tq, dtype=p.dtype)  # sum_j P_ij dP_ij
+    for i in range(Tq):
+        dot = zero
+        for j in range(Tk):
+            dot += p[i, j] * dp[i, j]
+        row_dot[i] = dot
+    for i in range(Tq):
+        for j in range(Tk):
+            dp[i, j] = p[i, j] * (dp[i, j] - row_dot[i]) * scale
+
+
+@njit(cache=True, parallel=True)
+def masked_softmax_forward(scores, scale, causal):
+    """masked_softmax_tile on every (b, h) of scores (N, Tq, Tk), in parallel."""
+    for n in prange(scores.shape[0]):
+        masked_softmax_tile(scores[n], scale, causal)
+
+
+@njit(cache=True, parallel=True)
 def masked_softmax_backward(probs, d_probs, scale):
-    """d_probs (N, Tq, Tk) = dL/dP, in place -> dL/dS = scale * P * (dP - sum_j P dP), per row: the
-    softmax JVP and the scale's chain rule. Masked keys have P = 0 and get 0. Two passes, for the
-    reason given in masked_softmax_forward."""
-    N, Tq, Tk = probs.shape
-    zero = probs.dtype.type(0)
-    for n in prange(N):
-        p, dp = probs[n], d_probs[n]  # (Tq, Tk)
-        row_dot = np.empty(Tq, dtype=probs.dtype)  # sum_j P_ij dP_ij
-        for i in range(Tq):
-            dot = zero
-            for j in range(Tk):
-                dot += p[i, j] * dp[i, j]
-            row_dot[i] = dot
-        for i in range(Tq):
-            for j in range(Tk):
-                dp[i, j] = p[i, j] * (dp[i, j] - row_dot[i]) * scale
+    """masked_softmax_backward_tile on every (b, h) of probs and d_probs (N, Tq, Tk), in parallel."""
+    for n in prange(probs.shape[0]):
+        masked_softmax_backward_tile(probs[n], d_probs[n], scale)
 
 
-def batched_product(a, b, out):
-    """out (B, H, n, m) = a (B, H, n, k) @ b (B, H, k, m), any strides: the (B, H) products shared
-    among the threads, each one BLAS call reading the views as they are (ops/blas.py), or
-    np.matmul where that is not available."""
-    if blas.AVAILABLE:
-        return blas.matmul_batched(a, b, out)
-    return np.matmul(a, b, out=out)
+@njit(cache=True, parallel=True)
+def attention_forward_by_blas(double, jobs, probs, scale, causal):
+    """Each (b, h) n on one thread: jobs[n, 0], the BLAS call S = q kᵀ into probs[n] (Tq, Tk); P =
+    masked softmax of S, in place; jobs[n, 1], the BLAS call O = P v. jobs (N, 2, 11), ops/blas.py.
+
+    One kernel for the three steps, not three passes over all (b, h): P is softmaxed and multiplied
+    while it is in the core's cache (a (64, 64) float32 tile is 16 KB), and the threads meet once
+    per call instead of three times."""
+    for n in prange(probs.shape[0]):
+        blas.gemm(double, jobs[n, 0])
+        masked_softmax_tile(probs[n], scale, causal)
+        blas.gemm(double, jobs[n, 1])
+
+
+@njit(cache=True, parallel=True)
+def attention_backward_by_blas(double, jobs, probs, d_scores, scale):
+    """Each (b, h) n on one thread: jobs[n, 0], dP = dO vᵀ into d_scores[n]; dS from the softmax JVP,
+    in place; jobs[n, 1:], dq = dS k, dk = dSᵀ q and dv = Pᵀ dO. jobs (N, 4, 11), ops/blas.py."""
+    for n in prange(probs.shape[0]):
+        blas.gemm(double, jobs[n, 0])
+        masked_softmax_backward_tile(probs[n], d_scores[n], scale)
+        for product in range(1, jobs.shape[1]):
+            blas.gemm(double, jobs[n, product])
+
+
+def blas_jobs(*products):
+    """The job table (N, len(products), 11) of these products of (B, H) stacks (a, b, out), (b, h)
+    by (b, h); None if BLAS cannot be called or cannot read one of them as it is laid out."""
+    if not blas.AVAILABLE:
+        return None
+    B, H = products[0][2].shape[:2]
+    jobs = np.empty((B * H, len(products), 11), dtype=np.int64)
+    for index, (a, b, out) in enumerate(products):
+        if blas.batched_jobs(a, b, out, jobs[:, index]) is None:
+            return None
+    return jobs
 
 
 def attend(q, k, v, causal, out):
@@ -224,9 +267,13 @@ def attend(q, k, v, causal, out):
         out[...] = result
         return probs
     probs = np.empty((B, H, Tq, Tk), dtype=q.dtype)
-    batched_product(q, np.swapaxes(k, -1, -2), probs)  # (B, H, Tq, Tk) scores
+    jobs = blas_jobs((q, np.swapaxes(k, -1, -2), probs), (probs, v, out))  # S = q kᵀ, O = P v
+    if jobs is not None:
+        attention_forward_by_blas(q.dtype == np.float64, jobs, probs.reshape(B * H, Tq, Tk), scale, causal)
+        return probs
+    np.matmul(q, np.swapaxes(k, -1, -2), out=probs)  # (B, H, Tq, Tk) scores
     masked_softmax_forward(probs.reshape(B * H, Tq, Tk), scale, causal)
-    batched_product(probs, v, out)
+    np.matmul(probs, v, out=out)
     return probs
 
 
@@ -244,11 +291,21 @@ def attend_backward(grad_out, q, k, v, probs, causal, grad_q, grad_k, grad_v):
             grad[...] = result
         return
     d_scores = np.empty((B, H, Tq, Tk), dtype=q.dtype)
-    batched_product(grad_out, np.swapaxes(v, -1, -2), d_scores)  # dP (B, H, Tq, Tk)
-    masked_softmax_backward(probs.reshape(B * H, Tq, Tk), d_scores.reshape(B * H, Tq, Tk), scale)  # now dS
-    batched_product(d_scores, k, grad_q)  # dq = dS k
-    batched_product(np.swapaxes(d_scores, -1, -2), q, grad_k)  # dk = dSᵀ q
-    batched_product(np.swapaxes(probs, -1, -2), grad_out, grad_v)  # dv = Pᵀ dO
+    products = (
+        (grad_out, np.swapaxes(v, -1, -2), d_scores),  # dP = dO vᵀ (B, H, Tq, Tk), then dS in place
+        (d_scores, k, grad_q),  # dq = dS k
+        (np.swapaxes(d_scores, -1, -2), q, grad_k),  # dk = dSᵀ q
+        (np.swapaxes(probs, -1, -2), grad_out, grad_v),  # dv = Pᵀ dO
+    )
+    jobs = blas_jobs(*products)
+    flat_probs, flat_d_scores = probs.reshape(B * H, Tq, Tk), d_scores.reshape(B * H, Tq, Tk)
+    if jobs is not None:
+        attention_backward_by_blas(q.dtype == np.float64, jobs, flat_probs, flat_d_scores, scale)
+        return
+    np.matmul(*products[0][:2], out=products[0][2])
+    masked_softmax_backward(flat_probs, flat_d_scores, scale)
+    for a, b, out in products[1:]:
+        np.matmul(a, b, out=out)
 
 
 class ScaledDotProductAttention(Function):

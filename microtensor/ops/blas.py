@@ -71,18 +71,25 @@ SMALL_PRODUCT = 1 << 17
 TRANS_A, TRANS_B, ROWS, COLS, INNER, A, LDA, B, LDB, C, LDC = range(11)
 
 
+@njit(cache=True)
+def gemm(double, job):
+    """One BLAS call on the calling thread: C = op(A) op(B) as one row of a job table (int64 (11,),
+    the columns above) describes it; float64 if `double`, else float32."""
+    trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, c, ldc = job
+    order, trans_a, trans_b = np.int32(ROW_MAJOR), np.int32(trans_a), np.int32(trans_b)
+    if double:
+        dgemm(order, trans_a, trans_b, rows, cols, inner, 1.0, a, lda, b, ldb, 0.0, c, ldc)
+    else:
+        one, zero = np.float32(1), np.float32(0)
+        sgemm(order, trans_a, trans_b, rows, cols, inner, one, a, lda, b, ldb, zero, c, ldc)
+
+
 @njit(cache=True, parallel=True)
 def gemm_in_parallel(double, jobs):
     """Every BLAS call of the job table `jobs` (int64 (J, 11), the columns above), the calls shared
     among the threads (J is a multiple of the thread count, or large, so that they share it evenly)."""
     for job in prange(jobs.shape[0]):
-        trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, c, ldc = jobs[job]
-        order, trans_a, trans_b = np.int32(ROW_MAJOR), np.int32(trans_a), np.int32(trans_b)
-        if double:
-            dgemm(order, trans_a, trans_b, rows, cols, inner, 1.0, a, lda, b, ldb, 0.0, c, ldc)
-        else:
-            one, zero = np.float32(1), np.float32(0)
-            sgemm(order, trans_a, trans_b, rows, cols, inner, one, a, lda, b, ldb, zero, c, ldc)
+        gemm(double, jobs[job])
 
 
 def _blas_layout(x):
@@ -142,17 +149,28 @@ def matmul_batched(a, b, out):
     """out[i, j] = a[i, j] @ b[i, j] for 4-D stacks (outer, inner, n, k) @ (outer, inner, k, m) ->
     out (outer, inner, n, m), all of one float dtype, any strides (views of other arrays too: no
     copy is made when every matrix has a BLAS layout): one product per thread at a time."""
+    jobs = batched_jobs(a, b, out)
+    if jobs is None:
+        return np.matmul(a, b, out=out)  # empty, or a layout BLAS cannot read without copying
+    gemm_in_parallel(a.dtype == np.float64, jobs)
+    return out
+
+
+def batched_jobs(a, b, out, jobs=None):
+    """The job table (outer * inner, 11) of the products out[i, j] = a[i, j] @ b[i, j] (as in
+    matmul_batched), written into `jobs` if given (a view of a larger table may be); None if the
+    stacks are empty or a matrix's strides fit no BLAS layout."""
     layouts = [_blas_layout(x[0, 0]) if x.size else None for x in (a, b, out)]
     if None in layouts or layouts[2][0] != NO_TRANSPOSE:
-        return np.matmul(a, b, out=out)  # empty, or a layout BLAS cannot read without copying
+        return None
     (trans_a, lda), (trans_b, ldb), (_, ldc) = layouts
     outer, inner, n, k = a.shape
-    jobs = np.empty((outer * inner, 11), dtype=np.int64)
+    if jobs is None:
+        jobs = np.empty((outer * inner, 11), dtype=np.int64)
     jobs[:] = (trans_a, trans_b, n, b.shape[3], k, 0, lda, 0, ldb, 0, ldc)
     for column, x in ((A, a), (B, b), (C, out)):  # the address of matrix (i, j) of each stack
         jobs[:, column] = _matrix_offsets(outer, inner, *x.strides[:2]) + x.ctypes.data
-    gemm_in_parallel(a.dtype == np.float64, jobs)
-    return out
+    return jobs
 
 
 @functools.lru_cache(maxsize=64)
