@@ -61,6 +61,36 @@ def test_leaf_gradients_accumulate_across_backward_calls():
     assert x.grad is None
 
 
+def test_each_leaf_gets_a_gradient_array_of_its_own():
+    """Add's backward hands the same array to both inputs, and broadcasting's backward can hand a
+    read-only view: each leaf's .grad must still be its own writable array, so that scaling one
+    (as gradient clipping does) or accumulating into it leaves every other gradient as it was."""
+    a, b = mt.randn(3, 4, requires_grad=True), mt.randn(3, 4, requires_grad=True)
+    upstream = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    (a + b).backward(mt.tensor(upstream))
+    assert a.grad is not b.grad and not np.shares_memory(a.grad, b.grad)
+    a.grad *= 2
+    np.testing.assert_array_equal(b.grad, upstream)
+    np.testing.assert_array_equal(a.grad, 2 * upstream)
+
+    class ReadOnlyGradient(Function):  # passes on a read-only view of its upstream gradient
+        @staticmethod
+        def forward(ctx, x):
+            return x.copy()
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            view = grad_out.view()
+            view.flags.writeable = False
+            return view
+
+    x = mt.randn(3, 4, requires_grad=True)
+    ReadOnlyGradient.apply(x).backward(mt.tensor(upstream))
+    ReadOnlyGradient.apply(x).backward(mt.tensor(upstream))  # the second adds into the first
+    assert x.grad.flags.writeable
+    np.testing.assert_array_equal(x.grad, 2 * upstream)
+
+
 def test_no_grad_records_nothing():
     x = leaf([1.0, 2.0])
     with mt.no_grad():
