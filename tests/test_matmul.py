@@ -147,10 +147,12 @@ def test_batched_products_on_strided_views(dtype):
     B, H, T, D = 3, 2, 5, 4
     qkv = randn(B, T, 3 * H * D).astype(dtype)
     q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # (B, H, T, D) views
+    double = dtype == np.float64
     scores = np.empty((B, H, T, T), dtype=dtype)
-    blas.matmul_batched(q, np.swapaxes(k, -1, -2), scores)
+    blas.gemm_in_parallel(double, blas.batched_jobs(q, np.swapaxes(k, -1, -2), scores))
     heads_out = np.zeros((B, T, H * D), dtype=dtype)
-    blas.matmul_batched(np.swapaxes(scores, -1, -2), v, heads_out.reshape(B, T, H, D).transpose(0, 2, 1, 3))
+    heads = heads_out.reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, H, T, D), a view of heads_out
+    blas.gemm_in_parallel(double, blas.batched_jobs(np.swapaxes(scores, -1, -2), v, heads))
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     expected_scores = np.einsum("bhid,bhjd->bhij", q64, k64)
     expected_out = np.einsum("bhji,bhjd->bhid", expected_scores, v64).transpose(0, 2, 1, 3).reshape(B, T, H * D)

@@ -8,8 +8,9 @@ next call, and a pool that sleeps at once pays for waking its threads (50-100 µ
 machine, more than a whole kernel of the step). PyTorch runs its products and its kernels on one
 OpenMP pool and has neither problem. So does microtensor, when it can: OpenBLAS is told to use
 one thread, and `gemm_in_parallel` below runs a table of BLAS calls on Numba's threads: the
-rows of C = A B cut into one slice per thread, each thread calling BLAS's gemm on its slice; or
-a stack of small products, as in attention, one product per call. Then one pool does everything,
+rows of C = A B cut into one slice per thread, each thread calling BLAS's gemm on its slice. A
+kernel may also call `gemm` itself, as attention's do for each (batch, head)'s small products
+(`batched_jobs` gives their table). Then one pool does everything,
 and its threads may spin between calls (microtensor/__init__.py sets how long) without stealing
 from anyone. At the GPT recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at
 ~190 GFLOP/s this way, as fast as when OpenBLAS threads it itself (180-200 in the same runs); what
@@ -145,21 +146,12 @@ def matmul_2d_together(*products):
     return outputs
 
 
-def matmul_batched(a, b, out):
-    """out[i, j] = a[i, j] @ b[i, j] for 4-D stacks (outer, inner, n, k) @ (outer, inner, k, m) ->
-    out (outer, inner, n, m), all of one float dtype, any strides (views of other arrays too: no
-    copy is made when every matrix has a BLAS layout): one product per thread at a time."""
-    jobs = batched_jobs(a, b, out)
-    if jobs is None:
-        return np.matmul(a, b, out=out)  # empty, or a layout BLAS cannot read without copying
-    gemm_in_parallel(a.dtype == np.float64, jobs)
-    return out
-
-
 def batched_jobs(a, b, out, jobs=None):
-    """The job table (outer * inner, 11) of the products out[i, j] = a[i, j] @ b[i, j] (as in
-    matmul_batched), written into `jobs` if given (a view of a larger table may be); None if the
-    stacks are empty or a matrix's strides fit no BLAS layout."""
+    """The job table (outer * inner, 11) of the products out[i, j] = a[i, j] @ b[i, j] for 4-D
+    stacks (outer, inner, n, k) @ (outer, inner, k, m) -> out (outer, inner, n, m), all of one
+    float dtype, any strides (views of other arrays too: BLAS reads them as they are), written into
+    `jobs` if given (a view of a larger table may be); None if the stacks are empty or a matrix's
+    strides fit no BLAS layout (then nothing can be done without copying)."""
     layouts = [_blas_layout(x[0, 0]) if x.size else None for x in (a, b, out)]
     if None in layouts or layouts[2][0] != NO_TRANSPOSE:
         return None
