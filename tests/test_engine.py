@@ -92,7 +92,7 @@ def test_each_leaf_gets_a_gradient_array_of_its_own():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_copy_of_gives_new_contiguous_arrays_with_equal_values(dtype):
+def test_copy_of_gives_new_arrays_with_equal_values(dtype):
     from microtensor.memory import copy_of
 
     base = np.random.default_rng(0).standard_normal((96, 1024)).astype(dtype)  # 384 KB in float32

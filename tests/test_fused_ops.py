@@ -121,8 +121,8 @@ def test_multi_head_attention_splits_attends_and_merges(causal, matmul_backend):
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_without_blas_calls(causal, monkeypatch):
     """Where numpy's BLAS cannot be called from Numba, attention runs np.matmul and the softmax
-    kernels in separate passes: the same values and gradients (against the reference, and
-    against finite differences through the fused path's gradcheck case)."""
+    kernels in separate passes: its values against the reference, its gradients against finite
+    differences, and both gradients against the fused path's where BLAS can be called."""
     from microtensor.ops import attention, blas
 
     q, k, v = randn(2, 3, 5, 4), randn(2, 3, 5, 4, seed=1), randn(2, 3, 5, 4, seed=2)

@@ -10,13 +10,13 @@ OpenMP pool and has neither problem. So does microtensor, when it can: OpenBLAS 
 one thread, and `gemm_in_parallel` below runs a table of BLAS calls on Numba's threads: the
 rows of C = A B cut into one slice per thread, each thread calling BLAS's gemm on its slice. A
 kernel may also call `gemm` itself, as attention's do for each (batch, head)'s small products
-(`batched_jobs` gives their table). Then one pool does everything,
-and its threads may spin between calls (microtensor/__init__.py sets how long) without stealing
-from anyone. At the GPT recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at
-~190 GFLOP/s this way, as fast as when OpenBLAS threads it itself (180-200 in the same runs); what
-it saves is the waiting between calls. In two alternating profiles of a training step (2-core Zen
-4 VM) the step took 35.2-36.4 ms against 36.0-39.8, and GELU's forward 0.67-0.72 ms per step
-against 0.86-1.11.
+(`batched_jobs` gives their table). Then one pool does everything, and its threads may spin
+between calls (microtensor/__init__.py sets how long) without stealing from anyone. At the GPT
+recipe's shapes (768 x 128 @ 128 x 512, float32, 2 cores) a product runs at ~190 GFLOP/s this way
+on a Zen 4 VM (118-158 on a Zen 3 one), as fast as when OpenBLAS threads it itself (180-200 in the
+same runs on the Zen 4); what it saves is the waiting between calls. In two alternating profiles
+of a training step (2-core Zen 4 VM) the step took 35.2-36.4 ms against 36.0-39.8, and GELU's
+forward 0.67-0.72 ms per step against 0.86-1.11.
 
 How. BLAS's `cblas_?gemm` multiplies row-major matrices given by a pointer and a row stride (its
 "leading dimension"), each optionally transposed. numpy ships OpenBLAS inside its wheels; this
