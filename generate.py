@@ -2,8 +2,8 @@
 
     python generate.py                                  # from out/ckpt.npz
     python generate.py --prompt "ROMEO:" --temperature 0.8 --top-k 40 --num-samples 2
+    python generate.py --kernels readable               # every token through the modules' readable kernels
 """
-import microtensor as mt  # isort: skip  (before numpy: it sets up OpenBLAS's threads)
 import argparse
 import sys
 import time
@@ -11,9 +11,12 @@ import time
 import numpy as np
 from rich.console import Console
 
+import microtensor as mt
+import microtensor.fast.process
 from models import checkpoint
 from models.data import CharTokenizer, DataError
 from models.gpt import GPT, GPTConfig
+from train import add_kernels_argument
 
 console = Console()
 
@@ -29,11 +32,18 @@ def build_parser():
     p.add_argument("--num-samples", type=int, default=1, help="how many samples")
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context for every token (slower; same result)")
+    add_kernels_argument(p, p)
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    microtensor.fast.process.tune_for_training()
+    with mt.using_kernels(args.kernels):
+        return generate_samples(args)
+
+
+def generate_samples(args):
     try:
         model_state, _, meta = checkpoint.load(args.out_dir)
         tokenizer = CharTokenizer(meta["vocab"])
@@ -70,7 +80,10 @@ def main(argv=None):
         seconds += time.perf_counter() - start
         sys.stdout.write("\n")
     mode = "without" if args.no_kv_cache else "with"
-    console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({mode} the KV cache)[/]")
+    console.print(
+        f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s "
+        f"({mode} the KV cache, {args.kernels} kernels)[/]"
+    )
     return 0
 
 

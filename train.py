@@ -3,10 +3,10 @@
     python train.py                                   # nanoGPT's CPU recipe on Shakespeare
     python train.py --data my.txt --max-iters 500     # any UTF-8 text
     python train.py --resume --max-iters 3000         # continue from out/ckpt.npz
+    python train.py --kernels readable                # the kernels you can read (and step through)
 
 Every gradient comes from microtensor's hand-written, gradient-checked backward functions.
 """
-import microtensor as mt  # isort: skip  (before numpy: it sets up OpenBLAS's threads)
 import argparse
 import math
 import sys
@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+import microtensor as mt
+import microtensor.fast.process
 from microtensor import optim
 from models import checkpoint
 from models.data import Batches, CharTokenizer, DataError, load_text
@@ -35,6 +37,7 @@ def build_parser():
     data.add_argument("--out-dir", default="out", help="folder for the checkpoint (ckpt.npz)")
     data.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out-dir (model, optimizer, step, random state)")
     data.add_argument("--seed", type=int, default=1337, help="seed for initialization, batches and dropout")
+    add_kernels_argument(p, data)
     model = p.add_argument_group("model")
     model.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
     model.add_argument("--n-head", type=int, default=4, help="attention heads per block")
@@ -62,6 +65,34 @@ def build_parser():
     evals.add_argument("--eval-iters", type=int, default=20, help="batches per loss estimate")
     evals.add_argument("--sample-chars", type=int, default=300, help="characters to sample at the end (0: none)")
     return p
+
+
+def add_kernels_argument(parser, group):
+    """--kernels, shared with generate.py. Its default is mt.get_kernels(): MICROTENSOR_KERNELS, else fast."""
+    try:
+        default = mt.get_kernels()
+    except ValueError as error:  # MICROTENSOR_KERNELS names no kernel set
+        parser.error(str(error))
+    group.add_argument(
+        "--kernels", choices=mt.kernels.KERNEL_SETS, type=runnable_kernel_set, default=default,
+        help="the kernel set every op runs: 'readable' (plain loops that follow the math, the ones to step "
+        "through with NUMBA_DISABLE_JIT=1) or 'fast' (BLAS, vectorized loops); the default comes from the "
+        "MICROTENSOR_KERNELS environment variable, else fast. Whichever runs, the program first tunes the "
+        "process for training (microtensor.fast.process.tune_for_training): glibc's malloc keeps the memory "
+        "a step frees for the next step, and OpenMP's threads spin a while after each kernel "
+        "(GOMP_SPINCOUNT, unless you set it)",
+    )  # fmt: skip
+
+
+def runnable_kernel_set(name):
+    """A kernel set this process can run ("fast" needs the JIT); an unknown name is left to `choices`."""
+    if name in mt.kernels.KERNEL_SETS:
+        try:
+            with mt.using_kernels(name):
+                pass
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return name
 
 
 class TrainingStopped(Exception):
@@ -95,7 +126,13 @@ def estimate_loss(model, batches, args, iteration):
 
 
 def train(args):
+    """Train as `args` (from build_parser) says, with its kernel set; returns the results dict."""
     check_args(args)
+    with mt.using_kernels(args.kernels):
+        return _train(args)
+
+
+def _train(args):
     batch_rng = np.random.default_rng(args.seed)
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(args.out_dir)
@@ -118,9 +155,8 @@ def train(args):
             )  # fmt: skip
         except ValueError as error:
             raise DataError(str(error)) from None
-    # Memory: the ids take one byte a character (uint8) instead of eight (int64), and the text is
-    # let go: peak RSS 209 -> 200 MiB on tinyshakespeare (1.1M characters); 7 bytes less a
-    # character is 43 MiB less on Shakespeare's complete works (6.5M).
+    # Memory: the ids take one byte per character (uint8) instead of eight (int64), and the text
+    # is let go once encoded.
     ids = tokenizer.encode(text, dtype=tokenizer.id_dtype)
     del text
     batches = Batches(ids, config.block_size)
@@ -130,7 +166,10 @@ def train(args):
     )
     if args.resume:
         model.load_state_dict(model_state)
-        optimizer.load_state_dict(optim_state)
+        if optim_state:
+            optimizer.load_state_dict(optim_state)
+        else:  # a checkpoint imported by models.convert carries no optimizer state
+            console.print("the checkpoint holds no optimizer state: AdamW's moments start at zero")
         batch_rng.bit_generator.state = meta["batch_rng"]
         mt.random.set_state(meta["global_rng"])
         console.print(f"resuming from {args.out_dir} at step {start}")
@@ -177,14 +216,14 @@ def train(args):
                 )
             loss.backward()
             # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
-            # step (32 MiB on the default recipe). Dropped now, not when the next forward rebinds the
-            # names, so that two graphs never coexist: peak RSS 238 -> 209 MiB.
+            # step. Dropped now, not when the next forward rebinds the names, so that two graphs
+            # never coexist at the peak.
             del logits, loss
             if args.grad_clip > 0:
                 optim.clip_grad_norm(model.parameters(), args.grad_clip)
             optimizer.step()
-            # Likewise the gradients (3 MiB), as soon as the step has used them rather than during
-            # the next forward: 200 -> 198 MiB.
+            # Likewise the gradients, as soon as the step has used them rather than during the next
+            # forward.
             optimizer.zero_grad()
             train_time += time.perf_counter() - step_start
             now = time.perf_counter()
@@ -202,7 +241,7 @@ def train(args):
         "steps": steps, "final_train_loss": losses["train"], "final_val_loss": losses["val"], "best_val_loss": best_val,
         "wall_time_s": time.perf_counter() - started, "train_time_s": train_time,
         "tokens_per_s": steps * tokens_per_step / train_time if train_time else 0.0,
-        "parameters": model.num_parameters(), "history": history,
+        "parameters": model.num_parameters(), "history": history, "kernels": args.kernels,
     }  # fmt: skip
     show_results(results, args)
     if args.sample_chars > 0:
@@ -217,6 +256,7 @@ def show_results(results, args):
     table = Table(title=f"training results ({args.out_dir}/{checkpoint.FILENAME})")
     table.add_column("measure")
     table.add_column("value", justify="right")
+    table.add_row("kernel set", results["kernels"])
     table.add_row("steps run", f"{results['steps']:,}")
     table.add_row("final train loss", f"{results['final_train_loss']:.4f}")
     table.add_row("final val loss", f"{results['final_val_loss']:.4f}")
@@ -229,6 +269,7 @@ def show_results(results, args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    microtensor.fast.process.tune_for_training()
     try:
         train(args)
     except (DataError, checkpoint.CheckpointError, TrainingStopped) as error:

@@ -6,7 +6,7 @@ and report the final validation loss (target <= 1.90) and the training tokens/s.
 The data default is ../shared/data/tinyshakespeare.txt beside the project when it is there;
 --data takes any text file (or 'shakespeare' for the corpus train.py fetches).
 """
-from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (first: it imports microtensor before numpy)
+from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import tempfile
 
 from rich.table import Table

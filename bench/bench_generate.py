@@ -3,7 +3,8 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_generate.py [--json FILE]
 
 One sequence (batch 1) grows from a 1-token prompt to block_size tokens, so the context never
-reaches the window rule. Four variants generate the same tokens: microtensor with its KV cache,
+reaches the window rule. Four variants generate the same tokens: microtensor with its KV cache
+(with the fast kernel set, whose decode kernel takes each new token through the whole model),
 microtensor recomputing the whole context for every token, and the same two in PyTorch
 (bench/torch_gpt.py, with the same weights). The script checks that all four produce the same token
 sequence before it times anything.
@@ -12,7 +13,7 @@ Each timed run is one whole generation. The variants run in alternation (PyTorch
 its own: bench/torch_side.py), so a noisy neighbour slows all of them alike; a figure is the median
 over the timed runs, and tokens/s is the number of new tokens over that median.
 """
-from common import alternate, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, start_torch, write_json  # isort: skip  (first: it imports microtensor before numpy)
+from common import alternate, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, start_torch, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import statistics
 import tempfile
 from pathlib import Path
@@ -41,7 +42,8 @@ def ours_generator(model, prompt, use_kv_cache):
     """A function that runs one whole greedy generation in microtensor and returns its tokens."""
 
     def run():
-        out = model.generate(mt.tensor(prompt), NEW_TOKENS, temperature=0, use_kv_cache=use_kv_cache)
+        with mt.using_kernels("fast"):
+            out = model.generate(mt.tensor(prompt), NEW_TOKENS, temperature=0, use_kv_cache=use_kv_cache)
         return out.data[0]
 
     return run

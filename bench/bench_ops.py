@@ -2,14 +2,13 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_ops.py [--json FILE]
 
-A row's ratio is PyTorch's median time over microtensor's (above 1: microtensor is faster), both
-measured in alternation in this process on the same inputs.
-
 A row's ratio is PyTorch's median time over microtensor's (above 1: microtensor is faster), on the
 same inputs, with blocks of calls alternating between microtensor and PyTorch (which runs in a
-process of its own: bench/torch_side.py).
+process of its own: bench/torch_side.py); its spread is the lowest and highest ratio of the
+blocks' medians. Every row runs the fast kernel set but the "matmul readable" rows, which run the
+readable one (`mt.using_kernels("readable")`: the plain-loop matmul, forward and backward).
 """
-from common import alternate, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, start_torch, write_json  # isort: skip  (first: it imports microtensor before numpy)
+from common import alternate, block_ratios, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, spread, start_torch, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import numpy as np
 import torch_gpt
 from rich.table import Table
@@ -22,28 +21,31 @@ V = 65  # the vocabulary of tinyshakespeare
 
 
 def op_cases():
-    """(row name, kind for bench/torch_side.py, input shapes, matmul backend, microtensor fn)."""
+    """(row name, kind for bench/torch_side.py, input shapes, kernel set, microtensor fn)."""
     cross_entropy_targets = mt.tensor(torch_gpt.integer_inputs(1, V, 768))
     embedding_ids = mt.tensor(torch_gpt.integer_inputs(1, V, (12, 64)))
     return [
-        ("matmul blas 768×128 @ 128×512", "matmul", [(768, 128), (128, 512)], "blas", F.matmul),
-        ("matmul blas 768×512 @ 512×128", "matmul", [(768, 512), (512, 128)], "blas", F.matmul),
-        ("matmul numba 768×128 @ 128×512", "matmul", [(768, 128), (128, 512)], "numba", F.matmul),
-        ("matmul numba 768×512 @ 512×128", "matmul", [(768, 512), (512, 128)], "numba", F.matmul),
-        ("softmax (12, 4, 64, 64)", "softmax", [(12, 4, 64, 64)], "blas", lambda x: F.softmax(x, dim=-1)),
-        ("layer_norm (768, 128)", "layer_norm", [(768, 128), (128,), (128,)], "blas", F.layer_norm),
-        ("rms_norm (768, 128)", "rms_norm", [(768, 128), (128,)], "blas", F.rms_norm),
-        ("gelu tanh (768, 512)", "gelu_tanh", [(768, 512)], "blas", lambda x: F.gelu(x, approximate="tanh")),
-        ("gelu erf (768, 512)", "gelu_erf", [(768, 512)], "blas", lambda x: F.gelu(x, approximate="none")),
-        ("silu (768, 512)", "silu", [(768, 512)], "blas", F.silu),
-        ("causal attention (12, 4, 64, 32)", "attention", [(12, 4, 64, 32)] * 3, "blas", F.scaled_dot_product_attention),
-        ("cross_entropy (768, 65)", "cross_entropy", [(768, V)], "blas", lambda x: F.cross_entropy(x, cross_entropy_targets)),
-        ("embedding (12, 64) from (65, 128)", "embedding", [(V, 128)], "blas", lambda w: F.embedding(embedding_ids, w)),
+        ("matmul fast 768×128 @ 128×512", "matmul", [(768, 128), (128, 512)], "fast", F.matmul),
+        ("matmul fast 768×512 @ 512×128", "matmul", [(768, 512), (512, 128)], "fast", F.matmul),
+        ("matmul readable 768×128 @ 128×512", "matmul", [(768, 128), (128, 512)], "readable", F.matmul),
+        ("matmul readable 768×512 @ 512×128", "matmul", [(768, 512), (512, 128)], "readable", F.matmul),
+        ("softmax (12, 4, 64, 64)", "softmax", [(12, 4, 64, 64)], "fast", lambda x: F.softmax(x, dim=-1)),
+        ("layer_norm (768, 128)", "layer_norm", [(768, 128), (128,), (128,)], "fast", F.layer_norm),
+        ("rms_norm (768, 128)", "rms_norm", [(768, 128), (128,)], "fast", F.rms_norm),
+        ("gelu tanh (768, 512)", "gelu_tanh", [(768, 512)], "fast", lambda x: F.gelu(x, approximate="tanh")),
+        ("gelu erf (768, 512)", "gelu_erf", [(768, 512)], "fast", lambda x: F.gelu(x, approximate="none")),
+        ("silu (768, 512)", "silu", [(768, 512)], "fast", F.silu),
+        ("causal attention (12, 4, 64, 32)", "attention", [(12, 4, 64, 32)] * 3, "fast", F.scaled_dot_product_attention),
+        ("cross_entropy (768, 65)", "cross_entropy", [(768, V)], "fast", lambda x: F.cross_entropy(x, cross_entropy_targets)),
+        ("embedding (12, 64) from (65, 128)", "embedding", [(V, 128)], "fast", lambda w: F.embedding(embedding_ids, w)),
     ]
 
 
+BLOCK = 5  # calls per alternating block
+
+
 def measure_op(torch_process, repeat, index, case):
-    name, kind, shapes, backend, fn = case
+    name, kind, shapes, kernels, fn = case
     seed = 100 + index
     inputs = [mt.tensor(a, requires_grad=True) for a in torch_gpt.float_inputs(seed, shapes)]
     with mt.no_grad():
@@ -63,14 +65,16 @@ def measure_op(torch_process, repeat, index, case):
     if torch_process is not None:
         torch_process.ask(setup="op", name=name, kind=kind, shapes=shapes, seed=seed)
         remote = {"theirs_forward": f"{name}/forward", "theirs_forward_backward": f"{name}/forward_backward"}
-    mt.set_matmul(backend)  # the backend also serves backward
-    try:
-        times = alternate({"forward": forward, "forward_backward": forward_backward}, remote, torch_process, repeat)
-    finally:
-        mt.set_matmul("blas")
+    with mt.using_kernels(kernels):  # forward and backward alike
+        times = alternate({"forward": forward, "forward_backward": forward_backward}, remote, torch_process, repeat, block=BLOCK)
     medians = {key: float(np.median(values)) for key, values in times.items()}
+    by_block = None
+    if remote:
+        by_block = spread(block_ratios(times["theirs_forward_backward"], times["forward_backward"], BLOCK))
     return {
         "op": name,
+        "kernels": kernels,
+        "forward_backward_ratio_spread": by_block,
         "forward_s": medians["forward"],
         "forward_backward_s": medians["forward_backward"],
         "torch_forward_s": medians.get("theirs_forward"),
@@ -92,10 +96,13 @@ def measure_adamw(torch_process, repeat):
     if torch_process is not None:
         torch_process.ask(setup="adamw", shapes=shapes, seed=seed, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
         remote = {"theirs": "adamw_step"}
-    times = alternate({"ours": opt.step}, remote, torch_process, repeat)
+    with mt.using_kernels("fast"):
+        times = alternate({"ours": opt.step}, remote, torch_process, repeat, block=BLOCK)
     ours, theirs = float(np.median(times["ours"])), (float(np.median(times["theirs"])) if remote else None)
     return {
         "op": f"AdamW step ({sum(int(np.prod(s)) for s in shapes):,} params)",
+        "kernels": "fast",
+        "forward_backward_ratio_spread": spread(block_ratios(times["theirs"], times["ours"], BLOCK)) if remote else None,
         "forward_s": None,
         "forward_backward_s": ours,
         "torch_forward_s": None,
@@ -116,9 +123,10 @@ def measure(args, repeat):
 
 def print_rows(rows):
     table = Table(title="fused ops, float32 (median; ratio = PyTorch time / microtensor time)")
-    for column in ("op", "fwd", "torch fwd", "ratio", "fwd+bwd", "torch fwd+bwd", "ratio"):
+    for column in ("op", "fwd", "torch fwd", "ratio", "fwd+bwd", "torch fwd+bwd", "ratio", "blocks' ratios"):
         table.add_column(column, justify="left" if column == "op" else "right")
     for r in rows:
+        by_block = r["forward_backward_ratio_spread"]
         table.add_row(
             r["op"],
             fmt_time(r["forward_s"]),
@@ -127,6 +135,7 @@ def print_rows(rows):
             fmt_time(r["forward_backward_s"]),
             fmt_time(r["torch_forward_backward_s"]),
             fmt_ratio(r["forward_backward_ratio"]),
+            "-" if by_block is None else f"{by_block['min']:.2f}-{by_block['max']:.2f}×",
         )
     console.print(table)
 

@@ -4,9 +4,9 @@ default recipe, cold and warm.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_startup.py [--json FILE]
 
-Each time is the median over separate processes; each peak RSS is one process (it repeats within
-1 MiB). The cold runs point NUMBA_CACHE_DIR at a fresh empty folder, so they compile exactly what a
-new user's first run compiles.
+Each time is the median over separate processes; each peak RSS is one process (it repeats closely
+from run to run). The cold runs point NUMBA_CACHE_DIR at a fresh empty folder, so they compile
+exactly what a new user's first run compiles. train.py runs with its default kernel set (fast).
 """
 import os
 import statistics
@@ -69,7 +69,7 @@ def start_up(repeat, folder):
 def peak_memory(folder, iters):
     """Peak RSS (MiB) of training the default recipe for `iters` steps, cold then warm: a process
     with an empty Numba cache, then one with the cache it filled. Compiling keeps far more of LLVM
-    in memory than loading compiled kernels does (about 55 MiB more), so the two differ."""
+    in memory than loading compiled kernels does, so the two differ."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(Path(folder) / "numba-cache-memory"))
     out_dir = str(Path(folder) / "out-memory")
     command = [sys.executable, str(Path(__file__).with_name("peak_rss.py"))] + train_command(out_dir, corpus_path(folder), iters)[1:]

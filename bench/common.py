@@ -1,32 +1,40 @@
-"""What every benchmark shares: timing by medians, the machine's description, tables and JSON.
+"""What every benchmark shares: the process settings, timing by medians, the machine's
+description, tables and JSON.
 
 Machines are shared and noisy, so a figure is the median of many timed repeats after warm-up, and
 every comparison with PyTorch is a ratio measured at the same time: blocks of calls alternate
 between microtensor, here, and PyTorch, in a process of its own (bench/torch_side.py).
+
+Importing this module tunes the process as train.py does (microtensor.fast.process.
+tune_for_training), so that what is measured is what training runs; PyTorch's process gets the
+environment as it was before.
 """
+import argparse
+import datetime
+import importlib.util
+import json
 import os
+import platform
+import statistics
+import subprocess
 import sys
+import time
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the benchmarks run from a checkout, installed or not
     sys.path.insert(0, str(ROOT))
 
-# The environment as it was before microtensor adds its thread settings: PyTorch's process gets it.
-ENVIRONMENT_BEFORE_MICROTENSOR = dict(os.environ)
-
-import microtensor  # noqa: E402, F401  isort: skip  (before numpy: it sets up the thread pools)
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from importlib import metadata  # noqa: E402
-
 import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+import microtensor.fast.process  # noqa: E402
+
+# The environment before the tuning below adds its settings: PyTorch's process gets this one.
+ENVIRONMENT_BEFORE_TUNING = dict(os.environ)
+TUNED = microtensor.fast.process.tune_for_training()  # {setting: value}, recorded with the machine
 
 console = Console()
 
@@ -39,7 +47,7 @@ class TorchProcess:
         script = Path(__file__).with_name("torch_side.py")
         self.process = subprocess.Popen(
             [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=ENVIRONMENT_BEFORE_MICROTENSOR, cwd=str(script.parent),
+            env=ENVIRONMENT_BEFORE_TUNING, cwd=str(script.parent),
         )  # fmt: skip
         self.hello = json.loads(self.process.stdout.readline())
 
@@ -77,10 +85,9 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     the seconds it took. Returns {name: [one entry per call]}.
 
     The first call of each block is run but not recorded: after its last call each library's
-    idle threads keep spinning for a while (PyTorch's OpenMP default, ~10 ms here; microtensor's
-    ~1 ms) and take a core from the other library's first call; and that first call wakes its own
-    threads. (Sleeping between blocks until they stop is worse on a virtual machine: after ~15 ms
-    idle, the host took milliseconds to give the second core back.)
+    idle threads keep spinning for a while (OpenMP's spin count) and take a core from the other
+    library's first call; and that first call wakes its own threads. (Sleeping between blocks until
+    they stop is no better: on a shared host, a core left idle may take long to come back.)
     """
     for fn in local.values():
         for _ in range(warmup):
@@ -104,6 +111,7 @@ def machine_info():
     import numba
 
     info = {
+        "date": datetime.date.today().isoformat(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": _cpu_name(),
@@ -113,6 +121,7 @@ def machine_info():
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
         "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE", "(unset)"),
+        "tuned": ", ".join(f"{key}={value}" for key, value in TUNED.items()) or "(nothing)",
     }
     try:
         info["torch"] = metadata.version("torch")
@@ -172,3 +181,20 @@ def write_json(path, payload):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=2, default=float))
         console.print(f"wrote {path}")
+
+
+def blocks(values, block):
+    """values cut into consecutive blocks of `block` (as `alternate` records them)."""
+    return [values[i : i + block] for i in range(0, len(values) - block + 1, block)]
+
+
+def block_ratios(theirs, ours, block):
+    """PyTorch's median over microtensor's, block by block: how the ratio moved during the run."""
+    return [statistics.median(t) / statistics.median(o) for t, o in zip(blocks(theirs, block), blocks(ours, block))]
+
+
+def spread(values):
+    """{"min", "median", "max"} of values, or None when there are none."""
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}

@@ -1,14 +1,16 @@
 """Where a training step's time goes: each Function's forward and backward, per step.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_step.py [--steps 40] [--json FILE]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_step.py [--steps 40] [--kernels fast] [--json FILE]
 
 Every Function subclass's forward and backward is wrapped in a timer for the length of the run
 (nothing in microtensor itself changes), the default recipe trains for --steps steps after a
-warm-up, and a table gives, per Function, milliseconds per step, calls per step and µs per call,
-largest first. What no Function accounts for (the backward walk, gradient accumulation, Python
-between ops, the optimizer's own kernels) is the difference between the step and the sum of the rows.
+warm-up with the kernel set --kernels, and a table gives, per Function, milliseconds per step,
+calls per step and µs per call, largest first. What no Function accounts for (the backward walk,
+gradient accumulation, Python between ops, the optimizer's own kernels) is the difference between
+the step and the sum of the rows: the last row, "everything else". bench/run_all.py puts the
+table in bench/README.md.
 """
-from common import console, machine_info, parser, print_machine, write_json  # isort: skip  (first: it imports microtensor before numpy)
+from common import console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import statistics
 import time
 from collections import defaultdict
@@ -64,7 +66,14 @@ class FunctionTimers:
         self.calls.clear()
 
 
-def profile(steps, warmup):
+def profile(steps, warmup, kernels="fast"):
+    with mt.using_kernels(kernels):
+        results = _profile(steps, warmup)
+    results["kernels"] = kernels
+    return results
+
+
+def _profile(steps, warmup):
     mt.manual_seed(0)
     model = GPT(GPTConfig(**RECIPE))
     opt = optim.AdamW(optim.weight_decay_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
@@ -97,7 +106,10 @@ def profile(steps, warmup):
         for (name, phase), seconds in timers.seconds.items()
     ]  # fmt: skip
     rows.sort(key=lambda row: -row["ms_per_step"])
-    return {"steps": steps, "phases_ms": {k: statistics.median(v) * 1e3 for k, v in phases.items()}, "functions": rows}
+    phases_ms = {k: statistics.median(v) * 1e3 for k, v in phases.items()}
+    mean_step_ms = sum(phases["step"]) / steps * 1e3  # the rows are means per step: compare them with the mean
+    outside = mean_step_ms - sum(row["ms_per_step"] for row in rows)
+    return {"steps": steps, "phases_ms": phases_ms, "mean_step_ms": mean_step_ms, "outside_functions_ms": outside, "functions": rows}
 
 
 def show(results):
@@ -106,13 +118,15 @@ def show(results):
         f"median step {phases['step']:.2f} ms: forward {phases['forward']:.2f}, backward {phases['backward']:.2f}, "
         f"optimizer {phases['optimizer']:.2f} (timers add a few µs a call)"
     )
-    table = Table(title=f"time per training step by Function, default recipe, {results['steps']} steps")
+    table = Table(title=f"time per training step by Function, default recipe, {results['kernels']} kernels, {results['steps']} steps")
     for column in ("Function", "phase", "ms / step", "calls / step", "µs / call"):
         table.add_column(column, justify="left" if column in ("Function", "phase") else "right")
     for row in results["functions"]:
         table.add_row(row["function"], row["phase"], f"{row['ms_per_step']:.2f}", f"{row['calls_per_step']:.0f}", f"{row['us_per_call']:.0f}")
     total = sum(row["ms_per_step"] for row in results["functions"])
     table.add_row("all Functions", "", f"{total:.2f}", "", "")
+    table.add_row("everything else", "", f"{results['outside_functions_ms']:.2f}", "", "")
+    table.add_row("the step (mean)", "", f"{results['mean_step_ms']:.2f}", "", "")
     console.print(table)
 
 
@@ -120,10 +134,11 @@ def main():
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40, help="timed training steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
+    p.add_argument("--kernels", choices=mt.kernels.KERNEL_SETS, default="fast", help="the kernel set to profile")
     args = p.parse_args()
     info = machine_info()
     print_machine(info)
-    results = profile(args.steps, args.warmup)
+    results = profile(args.steps, args.warmup, args.kernels)
     show(results)
     write_json(args.json, {"machine": info, "profile": results})
 

@@ -1,12 +1,12 @@
 """The PyTorch side of the benchmarks, in a process of its own.
 
-A process has one OpenMP runtime, shared by PyTorch and by Numba's parallel kernels, and
-microtensor shortens how long its threads spin after a kernel (microtensor/__init__.py). In one
-process PyTorch would run with microtensor's setting (with threads sleeping at once, its training
-step was ~1.6x slower) or microtensor with PyTorch's (ours ~1.3x slower). So each benchmark starts this script with the
-environment it was itself started with, and asks it, one JSON line at a time on stdin/stdout, to
-build the PyTorch version of what it measures and to time blocks of calls, alternating with
-blocks of its own (common.TorchProcess).
+A process has one OpenMP runtime, shared by PyTorch and by Numba's parallel kernels, and the
+benchmarks tune how long its threads spin after a kernel as train.py does
+(microtensor.fast.process.tune_for_training). In one process PyTorch would run with microtensor's
+setting or microtensor with PyTorch's, each slower than with its own. So each benchmark starts
+this script with the environment it was itself started with, before the tuning, and asks it, one
+JSON line at a time on stdin/stdout, to build the PyTorch version of what it measures and to time
+blocks of calls, alternating with blocks of its own (common.TorchProcess).
 
 Requests: {"setup": kind, ...arguments} builds the timed functions of one benchmark;
 {"time": name, "n": n} returns n timings of one of them (seconds, or its phase seconds);

@@ -9,45 +9,42 @@
     x.grad  # d loss / d x, from hand-written backward functions
 
 Where things live: `tensor.py` (Tensor), `autograd.py` (Function and the backward walk),
-`ops/` (one file per op: math, kernels, backward, gradient check), `functional.py` (the ops as
+`ops/` (one file per op: math, readable kernels, backward, gradient check), `kernels.py` (the
+switch between the readable kernels and the fast ones in `fast/`), `functional.py` (the ops as
 functions), `nn.py` (modules), `optim.py` (optimizers), `gradcheck.py` (finite differences).
+
+Importing microtensor changes nothing outside it: no environment variable, no thread count, no
+allocator setting (see `fast/process.py` for the settings a training program may ask for).
 """
-import os
-
-# The threads. Numba runs the kernels on a pool of OpenMP threads. Where it can, microtensor runs
-# the matrix products on the same pool (ops/blas.py: numpy's BLAS on one thread per slice of
-# rows), so one pool does all the work and its threads spin 30,000 rounds (~1 ms) after each call:
-# waking a sleeping thread took 50-100 µs on a 2-core virtual machine, more than many kernels of a
-# training step, and the gaps between a step's kernels are shorter than 1 ms.
-# Where it cannot, OpenBLAS keeps a pool of its own, and the two pools must not spin, or they
-# steal the cores from each other (a GPT training step ran 6x slower with OpenBLAS spinning, 1.6x
-# with OpenMP's default spin): OpenBLAS then spins 2^4 cycles and OpenMP 1,000 rounds (a few µs).
-# Both libraries read these variables when they load, so they take effect only when microtensor
-# is imported before numpy (OpenBLAS) and before Numba first runs a parallel kernel (OpenMP); a
-# value you set yourself is kept.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
-import numpy as np  # noqa: E402
-
-from .ops import blas  # noqa: E402  isort: skip  (before any kernel runs: it decides how the threads wait)
-
-os.environ.setdefault("GOMP_SPINCOUNT", "30000" if blas.AVAILABLE else "1000")
-
-from .memory import keep_freed_memory  # noqa: E402
-
-keep_freed_memory()  # a step's freed arrays stay in the heap for the next step (memory.py)
+import numpy as np
 
 # tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
 from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip
 from . import functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
 from .gradcheck import GradcheckError, gradcheck, gradcheck_case
-from .ops.matmul import get_matmul, set_matmul
+from .kernels import get_kernels, set_kernels, using_kernels
 from .threads import num_threads
 from .ops.shape import cat, concat, split, stack, where
 from .random import get_generator, manual_seed
 
 __version__ = "0.1.0"
+
+
+def set_matmul(backend):
+    """Gone: the matrix products follow the kernel set. set_matmul("numba") is
+    set_kernels("readable") and set_matmul("blas") is set_kernels("fast"); this alias says so."""
+    choices = {"numba": "readable", "blas": "fast"}
+    if backend not in choices:
+        raise ValueError(f"set_matmul: unknown backend {backend!r}; expected 'blas' or 'numba' (use set_kernels instead)")
+    import warnings
+
+    warnings.warn(
+        f'set_matmul("{backend}") is now set_kernels("{choices[backend]}"), which switches every kernel, not only matmul',
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    set_kernels(choices[backend])
 
 
 def tensor(data, dtype=None, requires_grad=False):

@@ -354,7 +354,8 @@ class ModuleDict(Module):
 class Linear(Module):
     """y = x @ weight + bias, with weight of shape (in_features, out_features).
 
-    Row vectors, as in the math on paper and in llm.c (PyTorch stores the transpose, (out, in)).
+    Row vectors: each input is a row and y = x W reads left to right, with no transpose to keep in mind.
+    PyTorch and llm.c store the transpose, (out_features, in_features), and compute x Wᵀ.
     x (..., in_features) -> y (..., out_features). Initial values uniform in [-k, k], k = 1/sqrt(in_features).
     """
 

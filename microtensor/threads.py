@@ -1,11 +1,9 @@
 """How many threads Numba's parallel kernels use: `with mt.num_threads(1): ...`.
 
-A parallel kernel wakes the other threads, hands each a share of the rows, and waits for them.
-Waking a thread cost ~55 µs here (2 cores, a virtual machine), while a kernel over one token's
-numbers (LayerNorm of 1 × 128, GELU of 1 × 512) takes a few µs on one thread: for generating one
-token at a time, one thread is ~3x faster. Training steps, with 768 tokens per kernel, are faster
-on all cores. Matrix products follow the same count: each thread multiplies one slice of rows
-(ops/blas.py).
+A parallel kernel wakes the other threads, hands each a share of the iterations and waits for them
+all. For a small amount of work (one token's numbers during generation) that handing-out costs more
+than the work itself, so a caller can run a stretch of code on fewer threads and get the previous
+count back afterwards.
 """
 from contextlib import contextmanager
 
@@ -15,9 +13,11 @@ import numba
 @contextmanager
 def num_threads(n):
     """Run the enclosed kernels on n threads (None: leave as is), then restore the previous count."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"num_threads: expected a positive int or None, got {n!r}")
     previous = numba.get_num_threads()
     if n is not None:
-        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     try:
         yield
     finally:

@@ -46,12 +46,12 @@ class CharTokenizer:
 
     def encode(self, text, dtype=np.int64):
         """The ids of text's characters. The model takes int64 ids; a corpus is better kept in
-        `id_dtype`: tinyshakespeare's 1.1M characters take 1.1 MB as uint8 instead of 8.9 MB."""
+        `id_dtype`, one byte per character for up to 256 characters instead of eight."""
         unknown = sorted(set(text) - self.index.keys())
         if unknown:
             raise DataError(f"these characters are not in the vocabulary: {''.join(unknown)!r} (vocabulary: {self.chars!r})")
         # fromiter fills the array as it goes; np.array([...]) would first build a list, one
-        # 8-byte pointer per character (8.9 MB more for tinyshakespeare).
+        # 8-byte pointer per character.
         return np.fromiter((self.index[c] for c in text), dtype=dtype, count=len(text))
 
     def decode(self, ids):

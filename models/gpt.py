@@ -11,13 +11,13 @@ learned or rotary positions, biases, and tied input/output embeddings (logits = 
 Generation (`generate`, `generate_tokens`) runs without gradients and, by default, with a KV cache:
 each layer keeps its keys and values in arrays (B, H, block_size, D) with a write position, so a new
 token costs one token's work. The prompt (many tokens at once) goes through the modules above, which
-fill the caches; every later token, one per sequence, goes through `models/decode.py`, one Numba
-kernel call for the whole model on plain arrays (through the modules, one token is ~60 Function
-calls whose Python costs several times the token's arithmetic). Both compute the same logits and
-write the same cache arrays. The context window rule, shared by the cached and uncached paths so
-that both compute the same logits: the model sees the tokens from `start` on; once they would
-exceed block_size, `start` jumps forward so that the last block_size // 2 tokens remain, and the
-cache is rebuilt from those (positions restart at 0 in the new window).
+fill the caches, and so does every later token under the readable kernel set. Under the fast set
+(`mt.set_kernels("fast")`, the default), a one-token step is instead one kernel call for the whole
+model (`microtensor/fast/decode.py`): the same logits, the same cache arrays written. The context
+window rule, shared by the cached and uncached paths so that both compute the same logits: the model
+sees the tokens from `start` on; once they would exceed block_size, `start` jumps forward so that
+the last block_size // 2 tokens remain, and the cache is rebuilt from those (positions restart at 0
+in the new window).
 """
 import math
 from dataclasses import asdict, dataclass
@@ -27,9 +27,6 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from microtensor import nn
-
-from .decode import decode, decode_weights
-
 
 SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
 
@@ -75,8 +72,8 @@ def _norm(config, dtype):
 
 class KVCache:
     """One layer's keys and values for generation: (B, H, block_size, D) arrays and a write position.
-    GPT.new_caches makes them views of two arrays (n_layer, B, H, block_size, D), which the decode
-    kernel takes whole."""
+    GPT.new_caches makes them views of two arrays (n_layer, B, H, block_size, D), which the fast set's
+    decode kernel takes whole."""
 
     def __init__(self, k, v):
         self.k, self.v = k, v  # each (B, H, block_size, D)
@@ -229,8 +226,8 @@ class GPT(nn.Module):
         block = self.config.block_size
         start, caches, fed = max(0, idx.shape[1] - block), None, 0  # fed: tokens of the window in the cache
         if use_kv_cache:
-            weights = decode_weights(self)  # a copy: the weights cannot change while the generator runs
             keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
+        decode_weights = None  # the fast set's copy of the weights, gathered at its first one-token step
         was_training = self.training
         self.eval()
         try:
@@ -244,8 +241,13 @@ class GPT(nn.Module):
                         # the old window's entries need no clearing: attention reads positions < length only
                         caches, fed = self.new_caches(idx.shape[0], (keys, values)), 0
                     new_tokens = window[:, fed:] if use_kv_cache else window
-                    if use_kv_cache and new_tokens.shape[1] == 1:
-                        last = decode(weights, new_tokens[:, 0], fed, keys, values)  # (B, V)
+                    if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast":
+                        # fast path: one kernel over every layer replaces this token's trip through the modules
+                        from microtensor.fast import decode
+
+                        if decode_weights is None:
+                            decode_weights = decode.decode_weights(self)  # a copy, kept for the whole generation
+                        last = decode.decode(decode_weights, new_tokens[:, 0], fed, keys, values)  # (B, V)
                         fed = window.shape[1]
                         for cache in caches:
                             cache.length = fed

@@ -1,5 +1,6 @@
 import os
 
+import numba
 import pytest
 from hypothesis import settings
 
@@ -13,11 +14,14 @@ settings.register_profile("thorough", deadline=None, max_examples=300, print_blo
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nojit" if os.environ.get("NUMBA_DISABLE_JIT") == "1" else "default"))
 
 
-@pytest.fixture(params=["blas", "numba"])
-def matmul_backend(request):
-    """Run the test once with each way of computing products: numpy's BLAS and the Numba loops
-    (matmul, and attention, whose path follows the same switch)."""
-    previous = mt.get_matmul()
-    mt.set_matmul(request.param)
-    yield request.param
-    mt.set_matmul(previous)
+KERNEL_SETS = [
+    "readable",
+    pytest.param("fast", marks=pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the fast kernels need Numba's compiler")),
+]
+
+
+@pytest.fixture(params=KERNEL_SETS)
+def kernel_set(request):
+    """Run the test once with each kernel set (forward and backward both inside it)."""
+    with mt.using_kernels(request.param):
+        yield request.param

@@ -1,112 +1,211 @@
-"""GELU's erf (microtensor/ops/gelu.py) against math.erf, in both float types, and the
-activations (GELU in both forms, SiLU) in float32 against float64 evaluations of their formulas,
-forward and backward."""
+"""The activations (GELU in both forms, SiLU, SwiGLU): forward and backward in float32 and float64
+against float64 evaluations of their formulas (math.erf, numpy's tanh and exp), in both kernel
+sets; the readable and fast kernels called directly against each other; values far from 0; the
+errors. Tests taking `kernel_set` run once with each kernel set. The gradients against finite
+differences are tests/test_gradcheck_cases.py's."""
 import math
 
-import numba
 import numpy as np
 import pytest
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor.ops import gelu as gelu_module
+from microtensor.kernels import active
+from microtensor.ops import gelu as gelu_ops
+from microtensor.ops import silu as silu_ops
+from helpers import JIT_DISABLED, fast_twin_of
 
-JIT_DISABLED = numba.config.DISABLE_JIT
-N = 300 if JIT_DISABLED else 50_000  # plain Python is slow: fewer points without the JIT
+N = 2_000 if JIT_DISABLED else 20_000  # plain Python is slow: fewer points without the JIT
 
-
-@numba.njit
-def _erf(x):
-    """erf over an array, from compiled code, as the kernels call it."""
-    out = np.empty_like(x)
-    for i in range(x.shape[0]):
-        out[i] = gelu_module.erf(x[i])
-    return out
-
-
-def _points(rng, n):
-    return np.concatenate([
-        rng.uniform(-7, 7, n), rng.uniform(-1, 1, n // 4), rng.uniform(-1e-3, 1e-3, n // 8),
-        [0.0, -0.0, 1e-30, -1e-30, 0.84375, 1.25, 1 / 0.35, 3.92, 6.0, -6.0, 30.0, -30.0, 1e30, np.inf, -np.inf],
-    ])  # fmt: skip
+# Allowed error, in units of the dtype's eps (float32 kernels compute in float32, float64 ones in
+# float64: each is held to the same count of its own eps). Forward errors are measured against
+# max(|y|, 1): near 0 the values themselves are small, and an absolute error of a few eps is what the
+# formulas give there. Backward errors are measured against max(|g dy/dx|, |g| scale, 1), where
+# `scale` (1 unless said otherwise) is how much the formula magnifies the roundings of its parts.
+FORWARD_EPS = 8
+BACKWARD_EPS = 16
 
 
-@pytest.mark.parametrize("dtype, max_ulps", [(np.float32, 6), (np.float64, 1)])
-def test_erf_is_accurate_to_a_few_ulps(dtype, max_ulps):
-    """Error in units of the spacing of floats at erf x (its ulp), against math.erf in float64 of
-    the same (rounded) input."""
-    x = _points(np.random.default_rng(0), N).astype(dtype)
-    got = _erf(x)
-    assert got.dtype == dtype
-    exact = np.array([math.erf(float(v)) for v in x])
-    ulp = np.spacing(np.abs(exact).astype(dtype)).astype(np.float64)
-    ulps = np.abs(got.astype(np.float64) - exact) / ulp
-    assert ulps.max() <= max_ulps, (ulps.max(), x[ulps.argmax()])
+# --------------------------------------------------------------------------------- float64 formulas
 
 
-def test_erf_keeps_its_range_symmetry_and_nan():
-    for dtype in (np.float32, np.float64):
-        x = np.linspace(-8, 8, 1601).astype(dtype)
-        y = _erf(x)
-        np.testing.assert_array_equal(_erf(-x), -y)  # odd
-        assert np.all(np.abs(y) <= 1)
-        assert np.isnan(_erf(np.array([np.nan], dtype=dtype))[0])
+def erf64(x):
+    return np.vectorize(math.erf)(x)
 
 
-def test_erf_compiles_to_the_float_type_it_is_given():
-    if JIT_DISABLED:
-        pytest.skip("needs numba's type inference")
-    for dtype in (np.float32, np.float64):
-        assert _erf(np.zeros(3, dtype)).dtype == dtype
-    fresh = numba.njit(gelu_module.erf_float32.py_func)
-    fresh(np.float32(0.5))
-    overload = fresh.overloads[fresh.signatures[0]]
-    names = [n for n, t in overload.type_annotation.typemap.items() if t == numba.float64 and (not n.startswith("$") or n.startswith("$binop"))]
-    assert not names, f"float64 arithmetic in erf_float32: {names}"
+def gelu_tanh64(x):
+    """y, dy/dx and scale of the tanh form, in float64, term by term from the formula.
+
+    The scale: dy/dx holds x/2 (1 - tanh² u) du/dx, and 1 - tanh² u keeps the absolute rounding
+    error δ of tanh u (a few eps) while losing its leading digits as tanh u nears ±1, so the term
+    carries an error of |x| |tanh u| du/dx δ, up to ~|x| du/dx times eps: the errors of any
+    evaluation in floating point, the float64 one here included, are that much larger."""
+    k, a = math.sqrt(2 / math.pi), 0.044715
+    tanh_u = np.tanh(k * (x + a * x**3))
+    du_dx = k * (1 + 3 * a * x**2)
+    y = 0.5 * x * (1 + tanh_u)
+    dy_dx = 0.5 * (1 + tanh_u) + 0.5 * x * (1 - tanh_u**2) * du_dx
+    return y, dy_dx, 1 + np.abs(x) * du_dx
 
 
-def _gelu_tanh64(x):
-    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
-    y = 0.5 * x * (1 + np.tanh(u))
-    dy = 0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x**2)
-    return y, dy
+def gelu_erf64(x):
+    """y and dy/dx of the erf form: x Φ(x) and Φ(x) + x φ(x); scale 1."""
+    cdf = 0.5 * (1 + erf64(x / math.sqrt(2)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return x * cdf, cdf + x * pdf, 1
 
 
-def _gelu_erf64(x):
-    cdf = 0.5 * (1 + np.array([math.erf(v / math.sqrt(2)) for v in x]))
-    return x * cdf, cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+def sigmoid64(x):
+    with np.errstate(over="ignore"):  # e^-x is inf for x << 0, and σ is 0 as it should be
+        return 1 / (1 + np.exp(-x))
 
 
-def _silu64(x):
-    with np.errstate(over="ignore"):  # e^-x overflows to inf for x << 0, and s is 0 as it should be
-        s = 1 / (1 + np.exp(-x))
-    return x * s, s * (1 + x * (1 - s))
+def silu64(x):
+    """y = x σ(x) and dy/dx = σ (1 + x (1 - σ)); scale 1."""
+    s = sigmoid64(x)
+    return x * s, s * (1 + x * (1 - s)), 1
 
 
-@pytest.mark.parametrize(
-    "fn, exact",
-    [
-        (lambda t: F.gelu(t, approximate="tanh"), _gelu_tanh64),
-        (lambda t: F.gelu(t, approximate="none"), _gelu_erf64),
-        (F.silu, _silu64),
-    ],
-    ids=["gelu_tanh", "gelu_erf", "silu"],
-)
-def test_float32_activations_forward_and_backward_against_float64(fn, exact):
-    """float32 kernels (the training dtype, where the fast forms are used) against the float64
-    formula, value and derivative; errors measured against max(|value|, 1) in units of float32's
-    eps, since near 0 the value itself is small."""
+def points(rng, dtype, n=N):
+    """Uniform points over the region where the activations bend, normal ones, and far values."""
+    far = [0.0, -0.0, 1e-20, -1e-20, 6.0, -6.0, 88.0, -88.0, 1e4, -1e4]
+    return np.concatenate([rng.uniform(-10, 10, n), rng.standard_normal(n), far]).astype(dtype)
+
+
+def scaled_error(got, exact, scale=1):
+    """max |got - exact| / max(|exact|, scale, 1), in float64."""
+    got = np.asarray(got, dtype=np.float64)
+    return (np.abs(got - exact) / np.maximum(np.maximum(np.abs(exact), scale), 1)).max()
+
+
+UNARY = {
+    "gelu_tanh": (lambda t: F.gelu(t, approximate="tanh"), gelu_tanh64),
+    "gelu_erf": (lambda t: F.gelu(t, approximate="none"), gelu_erf64),
+    "silu": (F.silu, silu64),
+}
+
+
+# --------------------------------------------------------------------------------- through the ops
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_activation_against_float64_formula(kernel_set, name, dtype):
+    fn, exact = UNARY[name]
     rng = np.random.default_rng(3)
-    x32 = np.concatenate([rng.uniform(-10, 10, N // 10), rng.standard_normal(N // 10), [0.0, 1e-20, -1e-20, 88.0, -88.0, 1e4, -1e4]]).astype(np.float32)
-    g32 = rng.standard_normal(x32.shape).astype(np.float32)
-    t = mt.tensor(x32, requires_grad=True)
-    fn(t).backward(g32)
-    with mt.no_grad():
-        y32 = fn(mt.tensor(x32)).numpy()
-    x = x32.astype(np.float64)
-    y, dy = exact(x)
-    eps = np.finfo(np.float32).eps
-    assert y32.dtype == np.float32 and t.grad.dtype == np.float32
-    assert np.all(np.isfinite(y32)) and np.all(np.isfinite(t.grad))
-    assert (np.abs(y32 - y) / np.maximum(np.abs(y), 1)).max() <= 8 * eps
-    assert (np.abs(t.grad - g32 * dy) / np.maximum(np.abs(g32 * dy), 1)).max() <= 16 * eps
+    x_in = points(rng, dtype)
+    g_in = rng.standard_normal(x_in.shape).astype(dtype)
+    x = mt.tensor(x_in, requires_grad=True)
+    y = fn(x)
+    y.backward(g_in)
+    assert y.dtype == dtype and x.grad.dtype == dtype
+    assert np.all(np.isfinite(y.numpy())) and np.all(np.isfinite(x.grad))
+    y64, dy_dx64, scale = exact(x_in.astype(np.float64))  # the formula at the same (rounded) inputs
+    g64 = g_in.astype(np.float64)
+    eps = np.finfo(dtype).eps
+    assert scaled_error(y.numpy(), y64) <= FORWARD_EPS * eps
+    assert scaled_error(x.grad, g64 * dy_dx64, np.abs(g64) * scale) <= BACKWARD_EPS * eps
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_swiglu_against_float64_formula(kernel_set, dtype):
+    rng = np.random.default_rng(4)
+    a_in, b_in = points(rng, dtype), points(rng, dtype)[::-1].copy()
+    g_in = rng.standard_normal(a_in.shape).astype(dtype)
+    a, b = mt.tensor(a_in, requires_grad=True), mt.tensor(b_in, requires_grad=True)
+    y = F.swiglu(a, b)
+    y.backward(g_in)
+    assert y.dtype == dtype and a.grad.dtype == dtype and b.grad.dtype == dtype
+    a64, b64, g64 = (v.astype(np.float64) for v in (a_in, b_in, g_in))
+    silu_a, dsilu_da, _ = silu64(a64)
+    eps = np.finfo(dtype).eps
+    # y = silu(a) b: the errors of silu(a) are multiplied by |b|, hence scales of |g b| and |g|.
+    assert scaled_error(y.numpy(), silu_a * b64) <= FORWARD_EPS * eps
+    assert scaled_error(a.grad, g64 * b64 * dsilu_da, np.abs(g64 * b64)) <= BACKWARD_EPS * eps
+    assert scaled_error(b.grad, g64 * silu_a, np.abs(g64)) <= BACKWARD_EPS * eps
+
+
+def test_shapes_are_kept_and_layouts_do_not_matter(kernel_set):
+    """The kernels run over a flat contiguous copy: a transposed view gives the values of the
+    contiguous array it shows, in its own shape, and its gradient has its input's shape."""
+    rng = np.random.default_rng(5)
+    x_in = rng.standard_normal((3, 4, 5))
+    for name, (fn, _) in UNARY.items():
+        contiguous = fn(mt.tensor(x_in)).numpy()
+        x_transposed = mt.tensor(np.ascontiguousarray(x_in.transpose(2, 1, 0)), requires_grad=True)
+        y = fn(x_transposed.permute(2, 1, 0))  # (3, 4, 5), a non-contiguous view
+        y.backward(np.ones((3, 4, 5)))
+        assert y.shape == (3, 4, 5) and x_transposed.grad.shape == (5, 4, 3), name
+        np.testing.assert_array_equal(y.numpy(), contiguous)
+    a, b = mt.tensor(x_in), mt.tensor(x_in + 1)
+    y = F.swiglu(a.permute(2, 1, 0), b.permute(2, 1, 0))
+    np.testing.assert_array_equal(y.numpy(), F.swiglu(a, b).numpy().transpose(2, 1, 0))
+
+
+def test_nan_goes_through(kernel_set):
+    for fn in (lambda t: F.gelu(t, approximate="tanh"), lambda t: F.gelu(t, approximate="none"), F.silu):
+        for dtype in (np.float32, np.float64):
+            y = fn(mt.tensor(np.array([np.nan, 1.0], dtype=dtype))).numpy()
+            assert np.isnan(y[0]) and np.isfinite(y[1])
+
+
+def test_errors_name_the_op_and_what_was_given():
+    with pytest.raises(ValueError, match='gelu: approximate must be "tanh" or "none", got \'erf\''):
+        F.gelu(mt.tensor([1.0]), approximate="erf")
+    with pytest.raises(ValueError, match=r"swiglu: .*\(2,\) and \(3,\)"):
+        F.swiglu(mt.tensor([1.0, 2.0]), mt.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(TypeError, match="silu: expected a float32 or float64 tensor"):
+        F.silu(mt.tensor(np.array([1, 2])))
+
+
+# --------------------------------------------------------------------------------- kernels, directly
+
+
+def tanh_backward_scale(x, other, g):
+    return np.abs(g) * gelu_tanh64(x.astype(np.float64))[2]
+
+
+# name: (readable kernel, its inputs from (x, other, g), how many outputs it writes, the scale of
+# its errors from (x, other, g), as in the tests above)
+KERNEL_CALLS = {
+    "gelu_tanh_forward": (gelu_ops.gelu_tanh_forward, lambda x, other, g: [x], 1, None),
+    "gelu_tanh_backward": (gelu_ops.gelu_tanh_backward, lambda x, other, g: [g, x], 1, tanh_backward_scale),
+    "gelu_erf_forward": (gelu_ops.gelu_erf_forward, lambda x, other, g: [x], 1, None),
+    "gelu_erf_backward": (gelu_ops.gelu_erf_backward, lambda x, other, g: [g, x], 1, None),
+    "silu_forward": (silu_ops.silu_forward, lambda x, other, g: [x], 2, None),  # y and σ(x), saved for backward
+    "swiglu_forward": (silu_ops.swiglu_forward, lambda x, other, g: [x, other], 1, None),
+    "swiglu_backward": (silu_ops.swiglu_backward, lambda x, other, g: [g, x, other], 2, None),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(KERNEL_CALLS))
+def test_readable_and_fast_kernels_agree(name, dtype):
+    """Same arguments, same outputs (including the arrays forward saves for backward), within
+    twice the tolerance each set is held to against the formula."""
+    readable_kernel, make_inputs, n_outputs, error_scale = KERNEL_CALLS[name]
+    fast_kernel = fast_twin_of(readable_kernel)
+    rng = np.random.default_rng(6)
+    x = points(rng, dtype)
+    other, g = rng.standard_normal(x.shape).astype(dtype), rng.standard_normal(x.shape).astype(dtype)
+    inputs = make_inputs(x, other, g)
+    scale = 1 if error_scale is None else error_scale(x, other, g)
+    results = []
+    for kernel in (readable_kernel, fast_kernel):
+        outputs = [np.full_like(x, np.nan) for _ in range(n_outputs)]  # every element must be written
+        kernel(*inputs, *outputs)
+        results.append(outputs)
+    eps = np.finfo(dtype).eps
+    for readable_out, fast_out in zip(*results):
+        assert fast_out.dtype == dtype and np.all(np.isfinite(readable_out))
+        assert scaled_error(fast_out, readable_out.astype(np.float64), scale) <= 2 * BACKWARD_EPS * eps
+
+
+def test_silu_backward_reads_the_saved_sigmoid(kernel_set):
+    """Both sets' silu_forward write σ(x), and silu_backward reads it instead of computing an
+    exponential: given a σ that is not σ(x), it must use that σ."""
+    x = np.array([-2.0, 0.5, 3.0])
+    fake_sigmoid = np.array([0.5, 0.5, 0.5])
+    grad_x = np.empty_like(x)
+    active(silu_ops.silu_backward)(np.ones_like(x), x, fake_sigmoid, grad_x)
+    np.testing.assert_allclose(grad_x, 0.5 * (1 + x * 0.5))

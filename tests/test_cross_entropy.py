@@ -1,12 +1,12 @@
 """cross_entropy: forward against plain loops and PyTorch (float64), the gradient against its formula
-and PyTorch, ignore_index, float32, stability, layouts, the kernel helpers shared with softmax.py,
-and the errors."""
+and PyTorch, ignore_index, float32, stability, layouts, the readable and fast kernels against each
+other, and the errors. Tests taking `kernel_set` run once with each kernel set."""
 import math
 
 import numba
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from microtensor.gradcheck import GradcheckError, gradcheck
@@ -14,8 +14,8 @@ from microtensor.ops import cross_entropy as ce
 from microtensor.ops import softmax as sm
 from microtensor.ops.cross_entropy import CrossEntropy, cross_entropy
 from microtensor.tensor import Tensor
+from helpers import JIT_DISABLED, fast_twin_of
 
-JIT_DISABLED = numba.config.DISABLE_JIT
 
 
 def loss_by_loops(logits, targets, ignore_index=-100):
@@ -52,13 +52,14 @@ def random_problem(rng, rows_shape, vocab_size, ignored_fraction=0.0, ignore_ind
     return logits, targets
 
 
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # one kernel set for all examples
 @given(
     three_dims=st.booleans(),
     sizes=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 6)),
     ignored_fraction=st.sampled_from([0.0, 0.4]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_forward_and_gradient_against_loops_and_formula(three_dims, sizes, ignored_fraction, seed):
+def test_forward_and_gradient_against_loops_and_formula(three_dims, sizes, ignored_fraction, seed, kernel_set):
     rng = np.random.default_rng(seed)
     b, t, v = sizes
     logits, targets = random_problem(rng, (b, t) if three_dims else (b * t,), v, ignored_fraction)
@@ -75,14 +76,14 @@ def test_forward_and_gradient_against_loops_and_formula(three_dims, sizes, ignor
     np.testing.assert_allclose(x.grad.sum(axis=-1), 0.0, atol=1e-13)  # every gradient row sums to 0
 
 
-@settings(max_examples=10)
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     three_dims=st.booleans(),
     sizes=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 6)),
     ignore_index=st.sampled_from([None, -100, 0, 2]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_against_torch_float64(three_dims, sizes, ignore_index, seed):
+def test_against_torch_float64(three_dims, sizes, ignore_index, seed, kernel_set):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(seed)
     b, t, v = sizes
@@ -104,7 +105,7 @@ def test_against_torch_float64(three_dims, sizes, ignore_index, seed):
     np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-12, atol=1e-15)
 
 
-def test_float32_stays_float32_and_matches_float64():
+def test_float32_stays_float32_and_matches_float64(kernel_set):
     rng = np.random.default_rng(1)
     logits, targets = random_problem(rng, (4, 16), 65, ignored_fraction=0.2)
     x32 = Tensor(logits.astype(np.float32), requires_grad=True)
@@ -119,17 +120,19 @@ def test_float32_stays_float32_and_matches_float64():
     np.testing.assert_allclose(x32.grad, x64.grad, rtol=1e-5, atol=1e-9)
 
 
-def test_kernels_do_their_arithmetic_in_the_input_dtype():
+@pytest.mark.parametrize("kernel_set_name", ["readable", "fast"])
+def test_kernels_do_their_arithmetic_in_the_input_dtype(kernel_set_name):
     """No float64 arithmetic in the float32 versions of the kernels (see test_softmax.py)."""
     if JIT_DISABLED:
         pytest.skip("needs numba's type inference")
     logits = np.ones((2, 3), np.float32)
     targets = np.array([0, 2], np.int64)
     calls = [
-        (ce.cross_entropy_forward_kernel, (logits, targets, -100, np.ones(2, np.float32), logits.copy(), np.ones(2, np.float32))),
-        (ce.cross_entropy_backward_kernel, (logits, np.ones(2, np.float32), targets, -100, np.float32(0.5), logits.copy())),
+        (ce.cross_entropy_forward, (logits, targets, -100, np.ones(2, np.float32), logits.copy(), np.ones(2, np.float32))),
+        (ce.cross_entropy_backward, (logits, np.ones(2, np.float32), targets, -100, np.float32(0.5), logits.copy())),
     ]
-    for kernel, args in calls:
+    for readable, args in calls:
+        kernel = readable if kernel_set_name == "readable" else fast_twin_of(readable)
         fresh = numba.njit(kernel.py_func)
         fresh(*args)
         typemap = fresh.overloads[fresh.signatures[0]].type_annotation.typemap
@@ -138,11 +141,39 @@ def test_kernels_do_their_arithmetic_in_the_input_dtype():
             for name, typ in typemap.items()
             if typ == numba.float64 and (not name.startswith("$") or name.startswith("$binop"))
         ]
-        assert not float64_names, f"{kernel.__name__}: float64 arithmetic in the float32 version: {float64_names}"
+        where = f"{kernel_set_name} {kernel.__name__}"
+        assert not float64_names, f"{where}: float64 arithmetic in the float32 version: {float64_names}"
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-13), (np.float32, 4e-6)])
+def test_readable_and_fast_kernels_agree(dtype, rtol):
+    """Called directly on the same problem, the fast kernels write what the readable ones write: the
+    losses, the exponentials and 1/s that forward saves, and the gradient (rtol: a few ulp of the
+    dtype, for sums taken in another order and the last bits of e^t)."""
+    rng = np.random.default_rng(0)
+    logits, targets = random_problem(rng, (300,), 65, ignored_fraction=0.2)
+    logits[7] += 1e3  # far from 0: the max shift must cancel
+    logits[8, 5] = 40.0  # one dominant logit: the other probabilities are ~e^-40
+    logits = logits.astype(dtype)
+    eps = np.finfo(dtype).eps
+    results = {}
+    for name, forward in (("readable", ce.cross_entropy_forward), ("fast", fast_twin_of(ce.cross_entropy_forward))):
+        row_loss, inverse_total, exps = np.empty(300, dtype), np.empty(300, dtype), np.empty_like(logits)
+        forward(logits, targets, -100, row_loss, exps, inverse_total)
+        results[name] = (row_loss, exps, inverse_total)
+    for what, readable, fast in zip(("row_loss", "exps", "inverse_total"), results["readable"], results["fast"]):
+        # a loss near 0 is (m - x_t) + log s with s ~ 1: its rounding error is absolute, ~eps
+        np.testing.assert_allclose(fast, readable, rtol=rtol, atol=4 * eps if what == "row_loss" else 0, err_msg=what)
+    _, exps, inverse_total = results["readable"]
+    scale = dtype(2.5 / 240)
+    readable_grad, fast_grad = np.empty_like(logits), np.empty_like(logits)
+    ce.cross_entropy_backward(exps, inverse_total, targets, -100, scale, readable_grad)
+    fast_twin_of(ce.cross_entropy_backward)(exps, inverse_total, targets, -100, scale, fast_grad)
+    np.testing.assert_allclose(fast_grad, readable_grad, rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_stable_at_large_logits(dtype):
+def test_stable_at_large_logits(dtype, kernel_set):
     logits = np.array([[1e4, -1e4, 0.0], [1e4, -1e4, 0.0], [-1e4, -1e4, -1e4]], dtype=dtype)
     x = Tensor(logits, requires_grad=True)
     loss = cross_entropy(x, Tensor(np.array([0, 1, 2])))
@@ -153,7 +184,7 @@ def test_stable_at_large_logits(dtype):
     np.testing.assert_allclose(x.grad, [[0, 0, 0], [1 / 3, -1 / 3, 0], [1 / 9, 1 / 9, -2 / 9]], atol=1e-7)
 
 
-def test_edge_shapes_and_target_types():
+def test_edge_shapes_and_target_types(kernel_set):
     x = Tensor(np.array([[0.7], [-3.0]]), requires_grad=True)  # one class: the loss and gradient are 0
     loss = cross_entropy(x, Tensor(np.array([0, 0])))
     loss.backward()
@@ -168,7 +199,7 @@ def test_edge_shapes_and_target_types():
     np.testing.assert_allclose(cross_entropy(Tensor(logits), Tensor(strided_targets)).item(), expected, rtol=1e-14)
 
 
-def test_ignore_index_choices():
+def test_ignore_index_choices(kernel_set):
     logits = np.random.default_rng(4).standard_normal((4, 3))
     targets = np.array([0, -100, 2, 1])
     keep = np.array([0, 2, 3])
@@ -235,7 +266,7 @@ def test_errors_name_the_op_and_the_problem():
 
 
 @pytest.mark.slow
-def test_training_sized_batch_against_torch():
+def test_training_sized_batch_against_torch(kernel_set):
     torch = pytest.importorskip("torch")
     if JIT_DISABLED:
         pytest.skip("too slow without the JIT")

@@ -91,22 +91,6 @@ def test_each_leaf_gets_a_gradient_array_of_its_own():
     np.testing.assert_array_equal(x.grad, 2 * upstream)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_copy_of_gives_new_arrays_with_equal_values(dtype):
-    from microtensor.memory import copy_of
-
-    base = np.random.default_rng(0).standard_normal((96, 1024)).astype(dtype)  # 384 KB in float32
-    read_only = base[:, :7].view()
-    read_only.flags.writeable = False
-    for array in (base, base.T, base[::2], read_only, base[5]):
-        copy = copy_of(array, dtype)
-        assert copy.dtype == dtype and copy.shape == array.shape
-        assert copy.flags.writeable and not np.shares_memory(copy, array)
-        assert copy.flags.c_contiguous or not array.flags.c_contiguous
-        np.testing.assert_array_equal(copy, array)
-    np.testing.assert_array_equal(copy_of(base, np.float64), base.astype(np.float64))
-
-
 def test_no_grad_records_nothing():
     x = leaf([1.0, 2.0])
     with mt.no_grad():

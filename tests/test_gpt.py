@@ -1,7 +1,9 @@
-"""The GPT: gradients of every parameter against finite differences, the KV cache against
-recomputation, initialization, learning, names and errors."""
+"""The GPT: gradients of every parameter against finite differences, the readable and fast kernel
+sets against each other, the KV cache and the fast set's decode kernel against recomputation,
+initialization, learning, names and errors."""
 import math
 
+import numba
 import numpy as np
 import pytest
 
@@ -104,6 +106,7 @@ def test_sampling_options():
     np.testing.assert_array_equal(a, model.generate(prompt, 10, temperature=1.0, top_p=0.9, seed=7).numpy())
 
 
+@pytest.mark.slow  # 150 training steps: minutes as plain Python under NUMBA_DISABLE_JIT=1
 def test_a_tiny_model_overfits_a_short_text():
     text = "to be or not to be, that is the question"
     chars = sorted(set(text))
@@ -132,9 +135,9 @@ def test_bad_inputs():
         GPTConfig(vocab_size=5, norm="batchnorm")
 
 
-def test_matches_the_pytorch_gpt_of_the_benchmarks():
+def test_matches_the_pytorch_gpt_of_the_benchmarks(kernel_set):
     """An independent implementation: bench/torch_gpt.py, the same model written with PyTorch's own
-    layers, loaded with our weights; loss and every gradient agree in float64."""
+    layers, loaded with our weights; loss and every gradient agree in float64, in either kernel set."""
     torch = pytest.importorskip("torch")
     import sys
     from pathlib import Path
@@ -194,17 +197,70 @@ def perturbed(dtype, **options):
     return model
 
 
-@pytest.mark.parametrize("options", EVERY_OPTION, ids=lambda o: "-".join(str(v) for v in o.values()))
+OPTION_IDS = lambda o: "-".join(str(v) for v in o.values())  # noqa: E731
+needs_the_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the fast kernels need Numba's compiler")
+
+# How far the two kernel sets may disagree, relative to the size of what is compared. They compute
+# the same math with the sums in another order (BLAS, vectorized reductions) and e^x, tanh from
+# polynomials instead of the C library: in float64 that is rounding at ~1e-16 per operation; in
+# float32 at ~6e-8 per operation, gathered over a forward and a backward through every layer.
+CROSS_SET_TOLERANCE = {mt.float64: 1e-10, mt.float32: 1e-4}
+
+
+def loss_gradients_and_generation(kernel_set, dtype, options):
+    """Under one kernel set: a perturbed tiny model's loss, every parameter's gradient, and a greedy
+    KV-cache generation of 12 tokens from a 3-token prompt through a block of 8 (the window moves once)."""
+    with mt.using_kernels(kernel_set):
+        model = perturbed(dtype, **options)
+        idx, targets = batch(np.random.default_rng(1))
+        _, loss = model(idx, targets)
+        loss.backward()
+        gradients = {name: param.grad.copy() for name, param in model.named_parameters()}
+        prompt = np.array([[1, 2, 3], [4, 5, 6]])
+        generated = list(model.generate_tokens(prompt, 12, temperature=0, use_kv_cache=True))
+    return loss.item(), gradients, generated
+
+
+def assert_close(name, fast, readable, tolerance):
+    """fast within `tolerance` of readable, relative to readable's largest magnitude."""
+    scale = max(float(np.abs(readable).max()), np.finfo(np.float64).tiny)
+    np.testing.assert_allclose(fast, readable, rtol=tolerance, atol=tolerance * scale, err_msg=name)
+
+
+@needs_the_jit
+@pytest.mark.parametrize("dtype", [mt.float64, mt.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("options", EVERY_OPTION, ids=OPTION_IDS)
+def test_the_readable_and_fast_kernel_sets_give_the_same_model(options, dtype):
+    """For every model option and both float types, the loss, every parameter's gradient and a
+    KV-cache generation (the greedy tokens and their logits: the fast set decodes one-token steps
+    with microtensor/fast/decode.py, the readable set runs them through the modules) agree between
+    the two kernel sets, to CROSS_SET_TOLERANCE."""
+    tolerance = CROSS_SET_TOLERANCE[dtype]
+    readable_loss, readable_gradients, readable_generated = loss_gradients_and_generation("readable", dtype, options)
+    fast_loss, fast_gradients, fast_generated = loss_gradients_and_generation("fast", dtype, options)
+    assert abs(fast_loss - readable_loss) <= tolerance * abs(readable_loss)
+    assert fast_gradients.keys() == readable_gradients.keys()
+    for name, readable in readable_gradients.items():
+        assert_close(name, fast_gradients[name], readable, tolerance)
+    assert len(fast_generated) == len(readable_generated) == 12
+    for step, ((fast_token, fast_logits), (readable_token, readable_logits)) in enumerate(zip(fast_generated, readable_generated)):
+        np.testing.assert_array_equal(fast_token, readable_token, err_msg=f"token {step}")
+        assert_close(f"logits of token {step}", fast_logits, readable_logits, tolerance)
+
+
+@needs_the_jit
+@pytest.mark.parametrize("options", EVERY_OPTION, ids=OPTION_IDS)
 def test_decode_step_equals_the_module_forward(options):
-    """models/decode.py against GPT.forward in float64, where only the order of the sums differs:
-    the logits of each new token, and the keys and values it writes into the cache."""
-    from models.decode import decode, decode_weights
+    """microtensor/fast/decode.py against GPT.forward run by the readable kernels, in float64, where
+    only the order of the sums differs: the logits of each new token, and the keys and values it
+    writes into the cache."""
+    from microtensor.fast.decode import decode, decode_weights
 
     model = perturbed(mt.float64, **options)
     tokens = np.random.default_rng(2).integers(0, 7, (2, 8))  # B = 2, a whole block
     weights = decode_weights(model)
     keys, values = model.new_cache_arrays(2)
-    with mt.no_grad():
+    with mt.no_grad(), mt.using_kernels("readable"):
         for t in range(8):
             logits = decode(weights, tokens[:, t], t, keys, values)  # (B, V)
             expected = model(tokens[:, : t + 1])[0].data[:, -1]
@@ -216,25 +272,30 @@ def test_decode_step_equals_the_module_forward(options):
         np.testing.assert_allclose(values[layer], cache.v, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("options", EVERY_OPTION, ids=lambda o: "-".join(str(v) for v in o.values()))
-def test_cached_generation_equals_the_module_forward_past_block_size(options, monkeypatch):
-    """float32, batch 2, 3 + 30 tokens through a block of 8: the window moves several times, the
-    prompt and each new window go through the modules and every other token through decode."""
-    import models.gpt as gpt
-
+@pytest.mark.parametrize("options", EVERY_OPTION, ids=OPTION_IDS)
+def test_cached_generation_equals_the_module_forward_past_block_size(options, kernel_set, monkeypatch):
+    """float32, batch 2, 3 + 30 tokens through a block of 8: the window moves several times. The
+    prompt and each new window go through the modules; every other token through the decode kernel
+    under the fast set, and through the modules with the KV cache under the readable set."""
     calls = []
+    if not numba.config.DISABLE_JIT:  # without the JIT the fast set cannot run, so nothing to watch
+        from microtensor.fast import decode as fast_decode
 
-    def counted_decode(*args):
-        calls.append(args[2])
-        return gpt_decode(*args)
+        def counted_decode(*args):
+            calls.append(args[2])
+            return original_decode(*args)
 
-    gpt_decode = gpt.decode
-    monkeypatch.setattr(gpt, "decode", counted_decode)
+        original_decode = fast_decode.decode
+        monkeypatch.setattr(fast_decode, "decode", counted_decode)
     model = perturbed(mt.float32, **options)
     prompt = np.array([[1, 2, 3], [4, 5, 6]])
     cached = list(model.generate_tokens(prompt, 30, temperature=0, use_kv_cache=True))
     uncached = list(model.generate_tokens(prompt, 30, temperature=0, use_kv_cache=False))
-    assert len(calls) > 20  # most tokens took the decode path
+    if kernel_set == "fast":
+        assert len(calls) > 20  # most tokens took the decode path
+    else:
+        assert calls == []  # the readable set never runs the fast set's decode kernel
+    assert len(cached) == len(uncached) == 30
     for (token_a, logits_a), (token_b, logits_b) in zip(cached, uncached):
         np.testing.assert_array_equal(token_a, token_b)
         np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,6 @@
-"""Optimizers, gradient clipping and the learning-rate schedule, against formulas computed by hand."""
+"""Optimizers, gradient clipping and the learning-rate schedule, against formulas computed by hand.
+Tests taking `kernel_set` run once with each kernel set (the update kernels have no fast twins
+today; these tests would hold one to the same formulas, to the last bit in float32)."""
 import math
 
 import numpy as np
@@ -32,7 +34,7 @@ def run(optimizer, params, grads):
 
 
 @pytest.mark.parametrize("decoupled", [False, True], ids=["Adam", "AdamW"])
-def test_first_three_steps_match_the_formulas(decoupled):
+def test_first_three_steps_match_the_formulas(decoupled, kernel_set):
     lr, beta1, beta2, eps, wd = 0.01, 0.8, 0.95, 1e-6, 0.1
     params = make_params()
     start = [p.data.copy() for p in params]
@@ -83,7 +85,7 @@ def test_adamw_decay_differs_from_adam_l2():
     assert not np.allclose(results[0][0], results[1][0])
 
 
-def test_float32_stays_float32_and_matches_float32_numpy_bit_for_bit():
+def test_float32_stays_float32_and_matches_float32_numpy_bit_for_bit(kernel_set):
     # If a kernel computed in float64 and rounded at the end, some elements would differ in the last
     # bit from the same operations done in float32 by numpy (each rounded to float32).
     params = make_params(np.float32, shapes=((50, 40),))
@@ -128,7 +130,7 @@ def test_adam_and_adamw_match_torch():
 # ================================================================================= SGD
 
 
-def test_sgd_momentum_by_hand():
+def test_sgd_momentum_by_hand(kernel_set):
     lr, momentum, wd = 0.1, 0.9, 0.01
     params = make_params()
     start = [p.data.copy() for p in params]
@@ -143,7 +145,7 @@ def test_sgd_momentum_by_hand():
         np.testing.assert_allclose(result[k], p, rtol=1e-14, atol=1e-15)
 
 
-def test_plain_sgd_is_p_minus_lr_g():
+def test_plain_sgd_is_p_minus_lr_g(kernel_set):
     params = make_params(np.float32)
     start = [p.data.copy() for p in params]
     grads = grads_for_steps(params, 1)

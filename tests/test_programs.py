@@ -2,6 +2,7 @@
 import hashlib
 import io
 import math
+import re
 import tarfile
 import weakref
 from pathlib import Path
@@ -34,6 +35,10 @@ def said(capsys):
     return " ".join(capsys.readouterr().out.split())
 
 
+def said_to_stderr(capsys):
+    return " ".join(capsys.readouterr().err.split())
+
+
 def run_train(tmp_path, corpus, *extra):
     return train.main(["--data", corpus, "--out-dir", str(tmp_path / "out"), *TINY, *extra])
 
@@ -51,7 +56,27 @@ def test_train_then_generate(tmp_path, corpus, capsys):
     assert "final val loss" in out and "step 10: train loss" in out
     assert generate.main(["--out-dir", str(tmp_path / "out"), "--prompt", "the", "--max-new-tokens", "30", "--seed", "1"]) == 0
     out = said(capsys)
-    assert "tokens/s (with the KV cache)" in out and "the" in out
+    assert "tokens/s (with the KV cache" in out and "the" in out
+
+
+def test_the_readable_kernels_train_and_generate(tmp_path, corpus, capsys):
+    before = mt.get_kernels()
+    assert run_train(tmp_path, corpus, "--max-iters", "3", "--eval-interval", "100", "--kernels", "readable") == 0
+    out = said(capsys)
+    assert re.search(r"kernel set\W+readable", out) and "final val loss" in out  # the table's row
+    assert mt.get_kernels() == before  # the flag holds for the run only
+    assert generate.main(["--out-dir", str(tmp_path / "out"), "--prompt", "the", "--max-new-tokens", "20", "--kernels", "readable"]) == 0
+    assert "tokens/s (with the KV cache, readable kernels)" in said(capsys)
+    assert mt.get_kernels() == before
+
+
+def test_an_unknown_kernel_set_is_a_clear_error(tmp_path, corpus, capsys):
+    for program, arguments in ((train.main, ["--data", corpus]), (generate.main, [])):
+        with pytest.raises(SystemExit) as exit_:
+            program([*arguments, "--out-dir", str(tmp_path), "--kernels", "turbo"])
+        assert exit_.value.code == 2
+        message = said_to_stderr(capsys)
+        assert "argument --kernels: invalid choice: 'turbo'" in message and "readable" in message and "fast" in message
 
 
 def test_resume_equals_an_uninterrupted_run(tmp_path, corpus):
@@ -122,7 +147,7 @@ def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     text = said(capsys)
-    for flag in ["--n-layer", "--learning-rate", "--min-lr", "--warmup-iters", "--lr-decay-iters", "--weight-decay", "--beta2", "--grad-clip", "--dropout", "--eval-interval", "--resume", "--data"]:
+    for flag in ["--kernels", "tune_for_training", "--n-layer", "--learning-rate", "--min-lr", "--warmup-iters", "--lr-decay-iters", "--weight-decay", "--beta2", "--grad-clip", "--dropout", "--eval-interval", "--resume", "--data"]:
         assert flag in text
 
 

@@ -1,14 +1,18 @@
-"""The vectorizable helpers inside the kernels (microtensor/ops/vector_math.py): e^t, tanh, the
-sigmoid and the row max, against numpy in extended precision, at edge values, and in the input's
-own float type."""
+"""The fast set's vectorizable math (microtensor/fast/vector_math.py): e^t, tanh, the sigmoid,
+erf and the row max, against numpy in extended precision (math.erf for erf), at edge values, and
+in the input's own float type. Skipped under NUMBA_DISABLE_JIT=1: the fast set is only ever
+compiled, so its helpers are tested as the fast kernels run them."""
+import math
+
 import numba
 import numpy as np
 import pytest
 
-from microtensor.ops import vector_math as vm
+from microtensor.fast import vector_math as vm
 
-JIT_DISABLED = numba.config.DISABLE_JIT
-N = 300 if JIT_DISABLED else 50_000  # plain Python is slow: fewer points without the JIT
+pytestmark = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the fast kernels need Numba's compiler")
+
+N = 50_000
 
 
 @numba.njit
@@ -20,8 +24,10 @@ def _apply(helper_index, x):
             out[i] = vm.exp_of_nonpositive(x[i])
         elif helper_index == 1:
             out[i] = vm.tanh(x[i])
-        else:
+        elif helper_index == 2:
             out[i] = vm.sigmoid(x[i])
+        else:
+            out[i] = vm.erf(x[i])
     return out
 
 
@@ -35,6 +41,10 @@ def tanh(x):
 
 def sigmoid(x):
     return _apply(2, x)
+
+
+def erf(x):
+    return _apply(3, x)
 
 
 @pytest.mark.parametrize("dtype, low, ulps", [(np.float32, -87.0, 2), (np.float64, -707.0, 8)])
@@ -78,6 +88,35 @@ def test_tanh_and_sigmoid_keep_their_symmetries_and_nan():
     np.testing.assert_array_equal(sigmoid(np.array([np.inf, -np.inf])), [1, 0])
 
 
+def _erf_points(rng, n):
+    return np.concatenate([
+        rng.uniform(-7, 7, n), rng.uniform(-1, 1, n // 4), rng.uniform(-1e-3, 1e-3, n // 8),
+        [0.0, -0.0, 1e-30, -1e-30, 0.84375, 1.25, 1 / 0.35, 3.92, 6.0, -6.0, 30.0, -30.0, 1e30, np.inf, -np.inf],
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, max_ulps", [(np.float32, 6), (np.float64, 1)])
+def test_erf_is_accurate_to_a_few_ulps(dtype, max_ulps):
+    """Error in units of the spacing of floats at erf x (its ulp), against math.erf in float64 of
+    the same (rounded) input. float64 is math.erf itself, held to 1 ulp all the same."""
+    x = _erf_points(np.random.default_rng(0), N).astype(dtype)
+    got = erf(x)
+    assert got.dtype == dtype
+    exact = np.array([math.erf(float(v)) for v in x])
+    ulp = np.spacing(np.abs(exact).astype(dtype)).astype(np.float64)
+    ulps = np.abs(got.astype(np.float64) - exact) / ulp
+    assert ulps.max() <= max_ulps, (ulps.max(), x[ulps.argmax()])
+
+
+def test_erf_keeps_its_range_symmetry_and_nan():
+    for dtype in (np.float32, np.float64):
+        x = np.linspace(-8, 8, 1601).astype(dtype)
+        y = erf(x)
+        np.testing.assert_array_equal(erf(-x), -y)  # odd
+        assert np.all(np.abs(y) <= 1)
+        assert np.isnan(erf(np.array([np.nan], dtype=dtype))[0])
+
+
 def test_max_of_row_orders_floats_like_their_values():
     values = [-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 2.5, 3e38, np.inf]
     rng = np.random.default_rng(0)
@@ -90,21 +129,19 @@ def test_max_of_row_orders_floats_like_their_values():
 
 def test_helpers_compute_in_the_input_float_type():
     """A bare literal (`1 + e`) would make the float32 versions compute in float64: compile each
-    helper for float32 and look at the types numba inferred. two_to_k (2^k) is built as a float64
-    on purpose and then converted."""
-    if JIT_DISABLED:
-        pytest.skip("needs numba's type inference")
+    helper for float32 and look at the types numba inferred."""
     f = np.float32
     for helper, args in [
         (vm.exp_of_nonpositive, (f(-1.5),)), (vm.tanh, (f(0.3),)), (vm.sigmoid, (f(-0.3),)),
-        (vm.max_of_row, (np.ones((2, 3), f), 0)),
+        (vm.erf_float32, (f(0.7),)), (vm.exp_taylor_float32, (f(0.2),)),
+        (vm.times_two_to_the_float32, (f(1.1), f(-3.0))), (vm.max_of_row, (np.ones((2, 3), f), 0)),
     ]:  # fmt: skip
         fresh = numba.njit(helper.py_func)
         fresh(*args)
         overload = fresh.overloads[fresh.signatures[0]]
         names = [
             n for n, t in overload.type_annotation.typemap.items()
-            if t == numba.float64 and (not n.startswith("$") or n.startswith("$binop")) and n != "two_to_k"
+            if t == numba.float64 and (not n.startswith("$") or n.startswith("$binop"))
         ]  # fmt: skip
         assert not names, f"{helper.__name__}: float64 arithmetic in the float32 version: {names}"
         assert overload.signature.return_type == numba.float32, helper.__name__

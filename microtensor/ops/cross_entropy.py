@@ -34,14 +34,12 @@ divide by s_n. (Saving only m_n and log s_n and recomputing the exponentials in 
 make forward write nothing but the losses, but then backward would pay for N*V exponentials
 again, the dearest part of the op.)
 
-How the forward kernel is written, and why (float32, (768, 65), one core, kernel alone):
-- Three passes over the rows (all row maxima; then the exponentials and their sums; then the
-  losses), not one loop doing all three per row: 46 µs instead of 68 µs. Within a row every step
-  waits for the one before (the max for the exponentials, the sum for the log), and a row of 65 is
-  too short to hide that wait; in separate passes the rows are independent and overlap.
-- Not dividing by s_n in forward (see above): 47 µs instead of 62 µs.
-- Serial, not parallel over rows: ~50 µs of work is less than what waking the second core's thread
-  costs here (~75 µs); the op took 100 µs on 1 thread and 180 µs on 2.
+Kernels. The forward kernel is softmax.py's `softmax_forward` with the loss added: for each row,
+the same running max and the same loop of exponentials and their sum, then, instead of the division,
+the loss (m_n - x_n,t_n) + log s_n and 1/s_n. It is written out here rather than calling
+softmax_forward because the loss needs m_n and s_n, which softmax_forward keeps to itself. Rows
+are independent, so both kernels loop over them with `prange`. The fast set's versions are in
+microtensor/fast/cross_entropy.py.
 
 ignore_index: -100 by default, like PyTorch (positions whose target is -100 are skipped); pass None
 to ignore nothing, so that every target must be a class index. If every position is ignored there
@@ -49,16 +47,12 @@ is nothing to average: PyTorch returns NaN (0 / 0); here it is an error that say
 loss would silently poison every weight at the next optimizer step.
 """
 import numpy as np
-from numba import njit
+from numba import prange
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
+from ..kernels import active, kernel
 from ..tensor import FLOAT_DTYPES, Tensor
-from .vector_math import exp_of_nonpositive, max_of_row
-
-# Reductions (row max, row sums) vectorize only if the compiler may reorder the additions; these
-# flags allow that and nothing else (inf and NaN keep their meaning).
-REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}
 
 
 # --------------------------------------------------------------------------------- numpy reference
@@ -76,7 +70,8 @@ def cross_entropy_reference(logits, targets, ignore_index=-100):
 
 # --------------------------------------------------------------------------------- kernels
 
-@njit(cache=True)
+
+@kernel
 def count_valid_targets(targets, vocab_size, ignore_index, has_ignore_index):
     """(number of rows not ignored, index of the first target outside [0, V), or -1 if none)."""
     valid = 0
@@ -90,8 +85,8 @@ def count_valid_targets(targets, vocab_size, ignore_index, has_ignore_index):
     return valid, -1
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, exps, inverse_total):
+@kernel(parallel=True)
+def cross_entropy_forward(logits, targets, ignore_index, row_loss, exps, inverse_total):
     """Per row n: row_loss[n] = -log softmax(logits[n])[targets[n]], exps[n] = e^(logits[n] - max) and
     inverse_total[n] = 1 / sum(exps[n]), so that softmax(logits[n]) = exps[n] * inverse_total[n];
     row_loss and inverse_total are 0 for an ignored row.
@@ -99,47 +94,41 @@ def cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, exps, 
     logits, exps (N, V); targets, row_loss, inverse_total (N,); all C-contiguous.
     """
     rows, vocab = logits.shape
-    zero = logits.dtype.type(0)
-    one = logits.dtype.type(1)
-    row_max = np.empty(rows, dtype=logits.dtype)  # (N,)
-    for n in range(rows):
-        row_max[n] = max_of_row(logits, n)
-    for n in range(rows):
-        total = zero
+    for n in prange(rows):
+        row_max = logits[n, 0]  # m = max_v x_v, as in softmax_forward
+        for v in range(1, vocab):
+            if logits[n, v] > row_max:
+                row_max = logits[n, v]
+        total = logits.dtype.type(0)  # s = sum_v e^(x_v - m), as in softmax_forward
         for v in range(vocab):
-            e = exp_of_nonpositive(logits[n, v] - row_max[n])
-            exps[n, v] = e
-            total += e
-        inverse_total[n] = total  # the sum, for now: the next pass takes its log and inverse
-    for n in range(rows):
+            exps[n, v] = np.exp(logits[n, v] - row_max)
+            total += exps[n, v]
         t = targets[n]
         if t == ignore_index:
-            row_loss[n] = zero
-            inverse_total[n] = zero
+            row_loss[n] = logits.dtype.type(0)
+            inverse_total[n] = logits.dtype.type(0)
         else:
-            total = inverse_total[n]
-            row_loss[n] = (row_max[n] - logits[n, t]) + np.log(total)  # lse - x_t = (m - x_t) + log s
-            inverse_total[n] = one / total
+            row_loss[n] = (row_max - logits[n, t]) + np.log(total)  # lse - x_t = (m - x_t) + log s
+            inverse_total[n] = logits.dtype.type(1) / total
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def cross_entropy_backward_kernel(exps, inverse_total, targets, ignore_index, scale, grad_logits):
+@kernel(parallel=True)
+def cross_entropy_backward(exps, inverse_total, targets, ignore_index, scale, grad_logits):
     """grad_logits[n] = scale * (exps[n] * inverse_total[n] - onehot(targets[n])), zeros for ignored rows.
 
     scale = grad_out / N_valid.   exps, grad_logits (N, V); inverse_total, targets (N,).
     """
     rows, vocab = exps.shape
-    zero = exps.dtype.type(0)
-    for n in range(rows):
+    for n in prange(rows):
         t = targets[n]
         if t == ignore_index:
             for v in range(vocab):
-                grad_logits[n, v] = zero
+                grad_logits[n, v] = exps.dtype.type(0)
         else:
-            row_scale = scale * inverse_total[n]
+            row_scale = scale * inverse_total[n]  # (g / N_valid) / s_n
             for v in range(vocab):
-                grad_logits[n, v] = exps[n, v] * row_scale
-            grad_logits[n, t] -= scale
+                grad_logits[n, v] = exps[n, v] * row_scale  # (g / N_valid) p_n,v
+            grad_logits[n, t] -= scale  # minus (g / N_valid) [v == t_n]
 
 
 # --------------------------------------------------------------------------------- Function
@@ -158,7 +147,7 @@ class CrossEntropy(Function):
         row_loss = np.empty(targets.shape[0], dtype=logits.dtype)  # (N,)
         inverse_total = np.empty_like(row_loss)  # (N,)
         exps = np.empty_like(logits)  # (N, V)
-        cross_entropy_forward_kernel(logits, targets, ignore_index, row_loss, exps, inverse_total)
+        active(cross_entropy_forward)(logits, targets, ignore_index, row_loss, exps, inverse_total)
         ctx.save_for_backward(exps, inverse_total, targets)
         ctx.ignore_index, ctx.valid_count = ignore_index, valid_count
         return np.asarray(row_loss.sum() / logits.dtype.type(valid_count), dtype=logits.dtype)  # ()
@@ -168,7 +157,7 @@ class CrossEntropy(Function):
         exps, inverse_total, targets = ctx.saved_tensors
         scale = (grad_out / grad_out.dtype.type(ctx.valid_count))[()]  # a float32/float64 scalar
         grad_logits = np.empty_like(exps)  # (N, V)
-        cross_entropy_backward_kernel(exps, inverse_total, targets, ctx.ignore_index, scale, grad_logits)
+        active(cross_entropy_backward)(exps, inverse_total, targets, ctx.ignore_index, scale, grad_logits)
         return grad_logits.reshape(ctx.shape), None, None, None
 
 
@@ -207,7 +196,7 @@ def cross_entropy(logits, targets, ignore_index=-100):
     flat_targets = np.ascontiguousarray(targets.data, dtype=np.int64).reshape(-1)  # (N,)
     has_ignore_index = ignore_index is not None
     ignore = int(ignore_index) if has_ignore_index else -1
-    valid_count, first_bad = count_valid_targets(flat_targets, vocab_size, ignore, has_ignore_index)
+    valid_count, first_bad = active(count_valid_targets)(flat_targets, vocab_size, ignore, has_ignore_index)
     if first_bad >= 0:
         position = tuple(int(i) for i in np.unravel_index(first_bad, targets.shape))
         allowed = f"[0, {vocab_size})" + (f" or ignore_index={ignore_index}" if has_ignore_index else "")

@@ -25,23 +25,17 @@ and dL/dx_j = sum_i d_i dxhat_i/dx_j = rstd (d_j - mean_i(d_i) - xhat_j mean_i(d
 Two row means and one elementwise pass: the forward saves mean and rstd per row (N,) so that
 backward rebuilds xhat instead of storing it.
 
-The kernels run on one thread, although the rows are independent: at the GPT's shape (768, 128)
-the work (~50 µs) is less than what handing half the rows to a second thread costs here (waking
-it takes ~75 µs on a 2-core virtual machine). Measured inside a training step, per call: forward
-81 µs on one thread against 130 µs on two, backward 124 against 160 µs. Since the threads spin
-between calls (ops/blas.py) waking costs nothing, but two threads were still no faster inside a
-step (three alternating profiles on a 2-core Zen 4 VM: 0.9-1.4 ms per step either way), so the
-kernels stay on one thread.
+The kernels loop over the rows one after another with a plain `range` (the weight and bias
+gradients must: every row adds into the same C sums). The fast set compiles these same loops with
+other flags (microtensor/fast/layer_norm.py).
 """
 import numpy as np
-from numba import njit
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
+from ..kernels import active, kernel
 from ..tensor import Tensor
 from .checks import check_float, check_last_dim
-
-REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # lets row sums vectorize; inf/NaN keep their meaning
 
 
 def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
@@ -56,7 +50,7 @@ def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
     return y
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@kernel
 def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
     """x (N, C), weight (C,), bias (C,) -> y (N, C); saves mean (N,) and rstd (N,).
     Without a weight or bias the caller passes ones or zeros."""
@@ -77,7 +71,7 @@ def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
         rstd[n] = r
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@kernel
 def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
     """grad_x (N, C) = rstd (d - mean(d) - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
@@ -97,7 +91,7 @@ def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - d_mean - xhat * d_xhat_mean)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
     """grad_weight (C,) = sum over rows of grad_out * xhat; grad_bias (C,) = sum of grad_out.
     Serial over rows (every row adds into the same C sums); the inner loop over C vectorizes."""
@@ -121,7 +115,7 @@ class LayerNorm(Function):
         y = np.empty_like(rows)
         mean = np.empty(rows.shape[0], dtype=x.dtype)
         rstd = np.empty(rows.shape[0], dtype=x.dtype)
-        layer_norm_forward(rows, w, b, x.dtype.type(eps), y, mean, rstd)
+        active(layer_norm_forward)(rows, w, b, x.dtype.type(eps), y, mean, rstd)
         ctx.save_for_backward(rows, w, mean, rstd)
         ctx.shape = x.shape
         return y.reshape(x.shape)
@@ -133,12 +127,12 @@ class LayerNorm(Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = np.empty_like(rows)
-            layer_norm_backward_input(g, rows, w, mean, rstd, grad_x)
+            active(layer_norm_backward_input)(g, rows, w, mean, rstd, grad_x)
             grad_x = grad_x.reshape(ctx.shape)
         grad_w = grad_b = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_w, grad_b = np.empty_like(w), np.empty_like(w)
-            layer_norm_backward_params(g, rows, mean, rstd, grad_w, grad_b)
+            active(layer_norm_backward_params)(g, rows, mean, rstd, grad_w, grad_b)
         return (
             grad_x,
             grad_w if ctx.needs_input_grad[1] else None,

@@ -1,51 +1,47 @@
-"""Matrix multiplication, batched, with two backends: numpy's BLAS and a readable Numba kernel.
+"""Matrix multiplication, batched, with numpy's broadcasting of the batch dims.
 
-Forward, for a (..., n, k) and b (..., k, m), batch dims broadcast as in numpy:
+Forward, for a (n, k) and b (k, m):
 
-    c_ij = sum_p a_ip b_pj                         c (..., n, m)
+    c_ij = sum_p a_ip b_pj                         c (n, m)
 
 Backward. c_ij depends on a_ip through b_pj and on b_pj through a_ip, so with g = dL/dc (n, m):
 
-    dL/da_ip = sum_j g_ij b_pj    ->   dL/da = g bᵀ         (n, k)
-    dL/db_pj = sum_i a_ip g_ij    ->   dL/db = aᵀ g         (k, m)
+    dL/da_ip = sum_j g_ij b_pj    ->   dL/da = g bᵀ         (n, m) @ (m, k) = (n, k)
+    dL/db_pj = sum_i a_ip g_ij    ->   dL/db = aᵀ g         (k, n) @ (n, m) = (k, m)
 
-and where a batch dim was broadcast, the copies' gradients are summed back (`unbroadcast`).
+Each gradient is itself a matrix product, and has the shape of its input, as it must.
 
-The common case in a network, x (B, T, C) @ W (C, O), is done as ONE (B*T, C) @ (C, O) product
-(numpy's batched matmul would run B small ones), and dW as one (B*T, C)ᵀ @ (B*T, O) product.
+Batch dims. For a (..., n, k) and b (..., k, m) the leading dims broadcast as in numpy, and each
+pair of matrices is multiplied as above. Where a batch dim of an input was broadcast (size 1, or
+missing), that one matrix met many, so the gradients of all its copies are summed back
+(`unbroadcast`).
 
-Backends (`set_matmul`), measured at the GPT recipe's shapes, float32, 2 cores:
-- "blas" (default): numpy's OpenBLAS, blocked for the caches and vectorized; ~190 GFLOP/s on 2
-  cores of a Zen 4 VM, 118-158 on a Zen 3 one. A 2-D product is split into one slice of rows per Numba thread, each slice one BLAS call
-  (`ops/blas.py`: so that products and kernels share one pool of threads); batched products and
-  small ones go to np.matmul.
-- "numba": `matmul_kernel` below, three plain loops (rows in parallel, the inner loop running along
-  contiguous rows of b and c so it vectorizes): the one to read and step through, a few times
-  slower than BLAS because it does not block for the caches.
+One product for many rows. The common case in a network, x (B, T, C) @ W (C, O), multiplies every
+row of x by the same W: that is ONE (B*T, C) @ (C, O) product, the batch dims folded into the rows
+(c's row r depends only on a's row r). Backward, likewise: dx = g Wᵀ is one (B*T, O) @ (O, C)
+product, and dW = xᵀ g one (C, B*T) @ (B*T, O) product, which sums over every row, as the
+gradient of a matrix used by every row must.
+
+1-D operands act as a row vector (a) or a column vector (b), and that dim is dropped from the
+result, as in numpy (`matmul` reshapes them).
+
+The kernels take 2-D arrays of any strides (transposed views included):
+
+    matmul_forward(a, b, c)                        c = a b
+    matmul_backward(grad, a, b, grad_a, grad_b)    grad_a = grad bᵀ, grad_b = aᵀ grad
+
+The fast set's twins call BLAS (microtensor/fast/matmul.py).
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..autograd import Function, unbroadcast
 from ..gradcheck import gradcheck_case
+from ..kernels import active, kernel
 from ..tensor import Tensor
-from . import blas
 from .checks import broadcast_shape, check_float
 
-BACKENDS = ("blas", "numba")
-_backend = "blas"
-
-
-def set_matmul(backend):
-    """Choose how matmul multiplies, forward and backward: "blas" (numpy) or "numba" (the loop kernel)."""
-    global _backend
-    if backend not in BACKENDS:
-        raise ValueError(f"set_matmul: unknown backend {backend!r}; expected one of {BACKENDS}")
-    _backend = backend
-
-
-def get_matmul():
-    return _backend
+# --------------------------------------------------------------------------------- numpy reference
 
 
 def matmul_reference(a, b):
@@ -60,13 +56,16 @@ def matmul_reference(a, b):
     return c
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def matmul_kernel(a, b, c):
-    """c (n, m) = a (n, k) @ b (k, m) for C-contiguous 2-D arrays.
+# --------------------------------------------------------------------------------- readable kernels
+
+
+@kernel(parallel=True)
+def matmul_forward(a, b, c):
+    """c (n, m) = a (n, k) @ b (k, m): c_ij = sum_p a_ip b_pj.
 
     Loop order i, p, j: for each row i of a and each a_ip, add a_ip times row p of b into row i
-    of c. The innermost loop walks along rows of b and c, which are contiguous, so it vectorizes;
-    rows i are independent, so they run in parallel.
+    of c. The innermost loop walks along a row of b and a row of c (neighbouring numbers when the
+    arrays are C-contiguous); rows i are independent, so they run in parallel.
     """
     n, k = a.shape
     m = b.shape[1]
@@ -79,56 +78,77 @@ def matmul_kernel(a, b, c):
                 c[i, j] += a_ip * b[p, j]
 
 
-def _multiply(a, b):
-    """a (..., n, k) @ b (..., k, m) with the current backend; any layout in, a new array out."""
-    if _backend == "blas":
-        if blas.AVAILABLE and a.ndim == 2 and b.ndim == 2:
-            return blas.matmul_2d(a, b)  # split across Numba's threads (ops/blas.py)
-        return np.matmul(a, b)
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a = np.ascontiguousarray(np.broadcast_to(a, batch + a.shape[-2:])).reshape((-1,) + a.shape[-2:])
-    b = np.ascontiguousarray(np.broadcast_to(b, batch + b.shape[-2:])).reshape((-1,) + b.shape[-2:])
-    c = np.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype)
-    for index in range(a.shape[0]):
-        matmul_kernel(a[index], b[index], c[index])
-    return c.reshape(batch + c.shape[1:])
+@kernel
+def matmul_backward(grad, a, b, grad_a, grad_b):
+    """From grad = dL/dc (n, m), for c = a (n, k) @ b (k, m):
+
+        grad_a (n, k):  dL/da_ip = sum_j g_ij b_pj,   dL/da = g bᵀ
+        grad_b (k, m):  dL/db_pj = sum_i a_ip g_ij,   dL/db = aᵀ g
+
+    Each is itself a matrix product, so the forward kernel computes it, given bᵀ and aᵀ as
+    C-contiguous copies (its inner loop then walks neighbouring numbers). Either output may be
+    None when that input needs no gradient; it is then skipped.
+    """
+    if grad_a is not None:
+        matmul_forward(grad, np.ascontiguousarray(b.T), grad_a)  # (n, m) @ (m, k)
+    if grad_b is not None:
+        matmul_forward(np.ascontiguousarray(a.T), grad, grad_b)  # (k, n) @ (n, m)
 
 
-def _multiply_both(a1, b1, a2, b2):
-    """(a1 @ b1, a2 @ b2): with BLAS, two 2-D products are computed together (ops/blas.py)."""
-    if _backend == "blas" and blas.AVAILABLE and a1.ndim == b1.ndim == a2.ndim == b2.ndim == 2:
-        return tuple(blas.matmul_2d_together((a1, b1), (a2, b2)))
-    return _multiply(a1, b1), _multiply(a2, b2)
+# --------------------------------------------------------------------------------- the Function
+
+
+def _stack(x, batch):
+    """x (..., r, s) broadcast to batch + (r, s), then as a stack (P, r, s) of P = prod(batch)
+    matrices (a view where numpy can make one, else a copy)."""
+    return np.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:])
 
 
 class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        if a.ndim > 2 and b.ndim == 2:
-            # (..., n, k) @ (k, m): one product over all rows at once
-            return _multiply(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
-        return _multiply(a, b)
+        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+        if b.ndim == 2:
+            # (..., n, k) @ (k, m): every row of a meets the same b, so one (N, k) @ (k, m) product
+            rows = a.reshape(-1, k)  # (N, k), N = prod(...) n
+            c = np.empty((rows.shape[0], m), dtype=a.dtype)
+            active(matmul_forward)(rows, b, c)
+            return c.reshape(a.shape[:-1] + (m,))
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a_stack, b_stack = _stack(a, batch), _stack(b, batch)  # (P, n, k), (P, k, m)
+        c = np.empty((a_stack.shape[0], n, m), dtype=a.dtype)
+        for index in range(c.shape[0]):
+            active(matmul_forward)(a_stack[index], b_stack[index], c[index])
+        return c.reshape(batch + (n, m))
 
     @staticmethod
     def backward(ctx, grad_out):
         a, b = ctx.saved_tensors
-        grad_a = grad_b = None
-        if a.ndim > 2 and b.ndim == 2:
-            rows = a.reshape(-1, a.shape[-1])  # (N, k)
-            g = grad_out.reshape(-1, grad_out.shape[-1])  # (N, m)
-            if all(ctx.needs_input_grad):
-                grad_a, grad_b = _multiply_both(g, b.T, rows.T, g)
-                return grad_a.reshape(a.shape), grad_b
-            if ctx.needs_input_grad[0]:
-                grad_a = _multiply(g, b.T).reshape(a.shape)
-            if ctx.needs_input_grad[1]:
-                grad_b = _multiply(rows.T, g)
-            return grad_a, grad_b
-        if ctx.needs_input_grad[0]:
-            grad_a = unbroadcast(_multiply(grad_out, np.swapaxes(b, -1, -2)), a.shape)
-        if ctx.needs_input_grad[1]:
-            grad_b = unbroadcast(_multiply(np.swapaxes(a, -1, -2), grad_out), b.shape)
+        need_a, need_b = ctx.needs_input_grad
+        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+        if b.ndim == 2:
+            rows, g = a.reshape(-1, k), grad_out.reshape(-1, m)  # (N, k), (N, m)
+            grad_rows = np.empty(rows.shape, dtype=a.dtype) if need_a else None  # (N, k)
+            grad_b = np.empty(b.shape, dtype=b.dtype) if need_b else None  # (k, m): sums over all N rows
+            active(matmul_backward)(g, rows, b, grad_rows, grad_b)
+            return (grad_rows.reshape(a.shape) if need_a else None), grad_b
+        batch = grad_out.shape[:-2]
+        a_stack, b_stack = _stack(a, batch), _stack(b, batch)  # (P, n, k), (P, k, m)
+        g_stack = grad_out.reshape((-1, n, m))  # (P, n, m)
+        grad_a = np.empty(a_stack.shape, dtype=a.dtype) if need_a else None  # one per copy of a
+        grad_b = np.empty(b_stack.shape, dtype=b.dtype) if need_b else None
+        for index in range(g_stack.shape[0]):
+            active(matmul_backward)(
+                g_stack[index],
+                a_stack[index],
+                b_stack[index],
+                grad_a[index] if need_a else None,
+                grad_b[index] if need_b else None,
+            )
+        # the copies made by broadcasting the batch dims: their gradients summed back
+        grad_a = unbroadcast(grad_a.reshape(batch + (n, k)), a.shape) if need_a else None
+        grad_b = unbroadcast(grad_b.reshape(batch + (k, m)), b.shape) if need_b else None
         return grad_a, grad_b
 
 
@@ -154,21 +174,7 @@ def matmul(a, b):
     return MatMul.apply(a, b)
 
 
-# --------------------------------------------------------------------------------- gradcheck cases
-
-
-def with_matmul(backend, fn):
-    """fn, run with `backend` chosen for matrix products (for gradcheck cases that cover both)."""
-
-    def run(*inputs):
-        previous = get_matmul()
-        set_matmul(backend)
-        try:
-            return fn(*inputs)
-        finally:
-            set_matmul(previous)
-
-    return run
+# --------------------------------------------------------------------------------- gradcheck case
 
 
 @gradcheck_case(MatMul)
@@ -185,4 +191,4 @@ def _matmul_case(draw):
     else:
         shapes = draw.choice((((k,), (k, m)), ((n, k), (k,)), ((k,), (k,))))
     a, b = draw.tensor(shapes[0]), draw.tensor(shapes[1])
-    return with_matmul(draw.choice(BACKENDS), matmul), (a, b)
+    return matmul, (a, b)

@@ -15,19 +15,16 @@ Backward, with g = dL/dy (C,) and d_i = dL/dxhat_i = g_i w_i:
 
 The forward saves rstd per row (N,); backward rebuilds xhat from x.
 
-The kernels are serial: at the GPT's shape (768, 128) each is 10-25 µs of work on one core, less
-than waking the second core's thread costs here (~75 µs). Measured in float32, forward / forward +
-backward: 60 / 179 µs with the kernels parallel over rows, 22 / 92 µs serial.
+The kernels loop over the rows one after the other, like layer_norm.py's. The fast set compiles
+these same loops with other flags (microtensor/fast/rms_norm.py).
 """
 import numpy as np
-from numba import njit
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
+from ..kernels import active, kernel
 from ..tensor import Tensor
 from .checks import check_float, check_last_dim
-
-REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # lets row sums vectorize; inf/NaN keep their meaning
 
 
 def rms_norm_reference(x, weight=None, eps=1e-5):
@@ -36,7 +33,7 @@ def rms_norm_reference(x, weight=None, eps=1e-5):
     return y if weight is None else y * weight
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@kernel
 def rms_norm_forward(x, weight, eps, y, rstd):
     """x (N, C), weight (C,) -> y (N, C); saves rstd (N,)."""
     N, C = x.shape
@@ -51,7 +48,7 @@ def rms_norm_forward(x, weight, eps, y, rstd):
         rstd[n] = r
 
 
-@njit(cache=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
+@kernel
 def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
     """grad_x (N, C) = rstd (d - xhat mean(d xhat)), with d = grad_out * weight, per row."""
     N, C = x.shape
@@ -66,7 +63,7 @@ def rms_norm_backward_input(grad_out, x, weight, rstd, grad_x):
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - x[n, c] * r * d_xhat_mean)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rms_norm_backward_weight(grad_out, x, rstd, grad_weight):
     """grad_weight (C,) = sum over rows of grad_out * xhat (serial: every row adds into the same sums)."""
     N, C = x.shape
@@ -84,7 +81,7 @@ class RMSNorm(Function):
         w = np.ones(C, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
         y = np.empty_like(rows)
         rstd = np.empty(rows.shape[0], dtype=x.dtype)
-        rms_norm_forward(rows, w, x.dtype.type(eps), y, rstd)
+        active(rms_norm_forward)(rows, w, x.dtype.type(eps), y, rstd)
         ctx.save_for_backward(rows, w, rstd)
         ctx.shape = x.shape
         return y.reshape(x.shape)
@@ -96,11 +93,11 @@ class RMSNorm(Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             grad_x = np.empty_like(rows)
-            rms_norm_backward_input(g, rows, w, rstd, grad_x)
+            active(rms_norm_backward_input)(g, rows, w, rstd, grad_x)
             grad_x = grad_x.reshape(ctx.shape)
         if ctx.needs_input_grad[1]:
             grad_w = np.empty_like(w)
-            rms_norm_backward_weight(g, rows, rstd, grad_w)
+            active(rms_norm_backward_weight)(g, rows, rstd, grad_w)
         return grad_x, grad_w, None
 
 

@@ -36,30 +36,21 @@ of rows. When dim is the last dim and x is contiguous this is a free reshape (no
 the dim is moved last and the rows are copied once (np.moveaxis + np.ascontiguousarray), and the
 result is moved back as a view.
 
-Parallel kernels. Rows are independent, so the kernels run them on all cores (`prange`). This
-pays only because microtensor's threads spin for a while after each call (see ops/blas.py): when
-they slept, waking the second core's thread took ~75 µs, more than the half of the work it took
-over, and these kernels were serial. Measured for the forward kernel at (12, 4, 64, 64) float32,
-right after a matrix product, as in a training step, on 2 cores: 170 µs serial, 97 µs parallel.
-
-The exponentials (`exp_of_nonpositive`, every exponent here is <= 0) and the row max (`max_of_row`)
-come from vector_math.py: plain arithmetic that vectorizes, where the C library's exp runs one
-number at a time. The forward kernel at (12, 4, 64, 64) float32 spends ~100 µs in the 196,608
-exponentials, ~45 µs finding the row maxima and ~25 µs dividing by the sums: the exponentials
-set its speed.
+Kernels. One loop per step of the formula: a running max, the exponentials and their sum, the
+division (or, for log-softmax, the log of the sum). Rows are independent, so the loop over rows is
+a `prange`: compiled with parallel=True it is split between the cores, and under
+NUMBA_DISABLE_JIT=1 it is a plain `range` to step through. These are the row softmax of the ops;
+cross_entropy.py runs the same three steps fused with the loss. The fast set's versions are in
+microtensor/fast/softmax.py.
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..autograd import Function
 from ..gradcheck import gradcheck_case
+from ..kernels import active, kernel
 from ..tensor import Tensor
 from .checks import check_float, normalize_dim
-from .vector_math import exp_of_nonpositive, max_of_row
-
-# Reductions (row max, row sums, dot products) vectorize only if the compiler may reorder the
-# additions; these flags allow that and nothing else (inf and NaN keep their meaning).
-REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}
 
 
 # --------------------------------------------------------------------------------- numpy reference
@@ -96,65 +87,62 @@ def softmax_jacobian(y):
 # --------------------------------------------------------------------------------- kernels
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def softmax_forward_kernel(x, y):
+@kernel(parallel=True)
+def softmax_forward(x, y):
     """y[r] = softmax(x[r]) for every row r.   x, y: (R, C), C-contiguous, C >= 1."""
     rows, cols = x.shape
-    one = x.dtype.type(1)
-    # All row maxima first: a row's exp loop has to wait for its max, and a separate pass keeps
-    # the processor busy with other rows meanwhile (measured 1.5x faster than one loop per row).
-    row_max = np.empty(rows, dtype=x.dtype)  # (R,)
     for r in prange(rows):
-        row_max[r] = max_of_row(x, r)
-    for r in prange(rows):
-        total = x.dtype.type(0)
+        row_max = x[r, 0]  # m = max_j x_j
+        for c in range(1, cols):
+            if x[r, c] > row_max:
+                row_max = x[r, c]
+        total = x.dtype.type(0)  # s = sum_j e^(x_j - m)
         for c in range(cols):
-            e = exp_of_nonpositive(x[r, c] - row_max[r])
-            y[r, c] = e
-            total += e
-        inverse = one / total
-        for c in range(cols):
-            y[r, c] *= inverse
+            y[r, c] = np.exp(x[r, c] - row_max)
+            total += y[r, c]
+        for c in range(cols):  # y_i = e^(x_i - m) / s
+            y[r, c] = y[r, c] / total
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def log_softmax_forward_kernel(x, z):
-    """z[r] = log_softmax(x[r]) = (x[r] - max) - log sum e^(x[r] - max).   x, z: (R, C), C >= 1."""
+@kernel(parallel=True)
+def log_softmax_forward(x, z):
+    """z[r] = log_softmax(x[r]) = (x[r] - m) - log sum e^(x[r] - m).   x, z: (R, C), C-contiguous, C >= 1."""
     rows, cols = x.shape
-    row_max = np.empty(rows, dtype=x.dtype)  # (R,)
     for r in prange(rows):
-        row_max[r] = max_of_row(x, r)
-    for r in prange(rows):
-        total = x.dtype.type(0)
+        row_max = x[r, 0]  # m = max_j x_j
+        for c in range(1, cols):
+            if x[r, c] > row_max:
+                row_max = x[r, c]
+        total = x.dtype.type(0)  # s = sum_j e^(x_j - m)
         for c in range(cols):
-            total += exp_of_nonpositive(x[r, c] - row_max[r])
+            total += np.exp(x[r, c] - row_max)
         log_total = np.log(total)
-        for c in range(cols):
-            z[r, c] = (x[r, c] - row_max[r]) - log_total
+        for c in range(cols):  # z_i = (x_i - m) - log s
+            z[r, c] = (x[r, c] - row_max) - log_total
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def softmax_backward_kernel(y, grad_y, grad_x):
+@kernel(parallel=True)
+def softmax_backward(y, grad_y, grad_x):
     """grad_x[r] = y[r] * (grad_y[r] - <grad_y[r], y[r]>).   All (R, C), C-contiguous."""
     rows, cols = y.shape
     for r in prange(rows):
-        dot = y.dtype.type(0)
+        dot = y.dtype.type(0)  # <g, y>
         for c in range(cols):
             dot += grad_y[r, c] * y[r, c]
         for c in range(cols):
             grad_x[r, c] = y[r, c] * (grad_y[r, c] - dot)
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=REDUCE_FASTMATH)
-def log_softmax_backward_kernel(z, grad_z, grad_x):
+@kernel(parallel=True)
+def log_softmax_backward(z, grad_z, grad_x):
     """grad_x[r] = grad_z[r] - e^z[r] * sum(grad_z[r]).   All (R, C), C-contiguous; z <= 0."""
     rows, cols = z.shape
     for r in prange(rows):
-        total = z.dtype.type(0)
+        total = z.dtype.type(0)  # sum_i g_i
         for c in range(cols):
             total += grad_z[r, c]
-        for c in range(cols):
-            grad_x[r, c] = grad_z[r, c] - exp_of_nonpositive(z[r, c]) * total
+        for c in range(cols):  # y_j = e^(z_j): the probabilities, recomputed from the saved output
+            grad_x[r, c] = grad_z[r, c] - np.exp(z[r, c]) * total
 
 
 # --------------------------------------------------------------------------------- Functions
@@ -179,25 +167,25 @@ def from_rows(rows, shape, dim):
     return out if dim == len(shape) - 1 else np.moveaxis(out, -1, dim)
 
 
-def _row_op_forward(ctx, x, dim, kernel):
+def _row_op_forward(ctx, x, dim, readable_kernel):
     ctx.dim, ctx.shape = dim, x.shape
     if x.size == 0:
         ctx.save_for_backward(x)
         return np.empty_like(x)
     x_rows = as_rows(x, dim)  # (R, C)
     out_rows = np.empty_like(x_rows)
-    kernel(x_rows, out_rows)
+    active(readable_kernel)(x_rows, out_rows)
     ctx.save_for_backward(out_rows)
     return from_rows(out_rows, x.shape, dim)
 
 
-def _row_op_backward(ctx, grad_out, kernel):
+def _row_op_backward(ctx, grad_out, readable_kernel):
     (out_rows,) = ctx.saved_tensors
     if out_rows.size == 0:
         return np.zeros(ctx.shape, dtype=grad_out.dtype)
     grad_rows = as_rows(grad_out, ctx.dim)  # (R, C)
     grad_x_rows = np.empty_like(out_rows)
-    kernel(out_rows, grad_rows, grad_x_rows)
+    active(readable_kernel)(out_rows, grad_rows, grad_x_rows)
     return from_rows(grad_x_rows, ctx.shape, ctx.dim)
 
 
@@ -206,11 +194,11 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx, x, dim):
-        return _row_op_forward(ctx, x, dim, softmax_forward_kernel)
+        return _row_op_forward(ctx, x, dim, softmax_forward)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _row_op_backward(ctx, grad_out, softmax_backward_kernel), None
+        return _row_op_backward(ctx, grad_out, softmax_backward), None
 
 
 class LogSoftmax(Function):
@@ -218,11 +206,11 @@ class LogSoftmax(Function):
 
     @staticmethod
     def forward(ctx, x, dim):
-        return _row_op_forward(ctx, x, dim, log_softmax_forward_kernel)
+        return _row_op_forward(ctx, x, dim, log_softmax_forward)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _row_op_backward(ctx, grad_out, log_softmax_backward_kernel), None
+        return _row_op_backward(ctx, grad_out, log_softmax_backward), None
 
 
 def _check(op, x, dim):

@@ -1,15 +1,18 @@
-"""e^t, tanh and the sigmoid in plain arithmetic, so that the loops calling them vectorize.
+"""e^t, tanh, the sigmoid, erf and a row's max in plain arithmetic, so that the loops calling them vectorize.
 
-Numba calls the C library's exp and tanh one number at a time (2-10 ns each); a loop calling them
-cannot use the CPU's vector instructions. Written as a short polynomial, the same loop processes
-8-16 numbers per instruction. These helpers are inlined into the kernels of softmax,
-cross_entropy, attention, gelu and silu; exp was ~80% of the softmax's time and ~90% of the tanh
-GELU's before them.
+The fast kernel set's math. Numba compiles np.exp, np.tanh and math.erf into calls to the C
+library, one number per call, and a loop that makes a call per element cannot use the CPU's vector
+instructions. Written as a short polynomial or rational function, the same loop handles several
+numbers per instruction. The fast twins of softmax, cross_entropy, attention, gelu and silu (and
+generation's decode step) call these helpers, which Numba inlines into them; the readable kernels
+never do (they call the C library's functions, which is what their formulas say).
 
     exp_of_nonpositive(t) = e^t for t <= 0 (the only exponents the kernels need: they subtract a
                             maximum first, or take e^-|x|)
-    tanh(u)   = sign(u) (1 - e) / (1 + e),   e = e^(-2|u|)
+    tanh(u)    = sign(u) (1 - e) / (1 + e),   e = e^(-2|u|)
     sigmoid(x) = 1 / (1 + e) if x >= 0 else e / (1 + e),   e = e^(-|x|)      (never overflows)
+    erf(x)     = sign(x) a P(a²) / Q(a²),   a = min(|x|, 3.92)    in float32; math.erf in float64
+    max_of_row(x, r) = max_c x[r, c]
 
 How e^t is computed:
 
@@ -21,38 +24,42 @@ tiny correction, which keeps r accurate to the last bit. 2^k is built exactly fr
 float whose exponent field holds k plus the bias and whose fraction is 0 (`.view` reads the
 integer's bits as a float).
 
-Each float type gets the work it needs, chosen when numba compiles (`numba.extending.overload`
-picks a version by the argument's type; the plain Python version picks the same one with
-isinstance, so NUMBA_DISABLE_JIT=1 runs the same arithmetic):
+Each float type gets the work it needs, chosen when Numba compiles (`numba.extending.overload`
+picks a version by the argument's type; the plain Python version, which is what runs when the
+function is called from Python, picks the same one with isinstance):
 
     float32: Taylor to r^7 (truncation < 6e-9, 0.05 ulp); 2^k from a 32-bit integer,
              (k + 127) << 23 (for subnormal results, 2^(k + 64) then 2^-64).
     float64: Taylor to r^12 (truncation < 2e-16); 2^k from (k + 1023) << 52.
 
-Exponents below -708 (float64's normal range ends at e^-708 ~ 3e-308) give 0 in both types.
+float32 is written apart rather than computed through float64 because float32 is the training
+type: fewer Taylor terms are enough for its precision, and staying in 32-bit integers and floats
+keeps twice as many numbers in each vector instruction. The Taylor polynomials are compiled with
+`fastmath={"contract"}`, which lets LLVM fuse each Horner step p * r + c into one fused
+multiply-add (it rounds once instead of twice, is never less accurate, and changes nothing about
+inf and NaN, unlike fastmath=True).
 
-NaN gives NaN and -inf gives 0, as e^t should. Measured error: ~1 ulp in float32, ~3 ulp in float64;
-tanh and sigmoid are accurate to a few ulp of 1 (tests/test_vector_math.py).
+Exponents below -708 (float64's normal range ends at e^-708 ~ 3e-308) give 0 in both types; NaN
+gives NaN and -inf gives 0, as e^t should. tests/test_vector_math.py holds e^t to 2 ulp in float32
+and 8 in float64, tanh and the sigmoid to 4 ulp of 1, erf to 6 ulp in float32.
 
-Why float32 is written apart (one thread, SiLU forward over 768 x 512 float32, median of 200 calls
-on a 2-core Xeon VM; the loops were already vectorized, 8 floats per instruction): ~355 µs with
-float64's Taylor to r^12 and 2^k built as a float64 then rounded; ~270 µs with the helpers compiled
-with `fastmath={"contract"}`, which lets LLVM fuse each Horner step p * r + c into one
-fused multiply-add (it rounds once instead of twice, is never less accurate, and changes nothing
-about inf and NaN, unlike fastmath=True) and Taylor to r^7; ~240 µs with 2^k built from 32 bits
-(converting to 64-bit integers and float64 and back took 512-bit instructions, which run on fewer
-of the CPU's ports).
-
-Editing this file: numba's cache (cache=True) recompiles a kernel when the kernel's own file
-changes, not when a helper it calls from another file does. After changing a helper here, delete
-the cached kernels (`find microtensor -name '*.nbi' -delete`) or run with NUMBA_DISABLE_JIT=1.
+A kernel calling these helpers is recompiled when this file changes: `kernels.kernel` keys its
+cache on every source file.
 """
+import math
+
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import overload
 
+from ..kernels import kernel
 
-@njit(error_model="numpy", fastmath={"contract"})
+# Reductions (row maxima, row sums, dot products) vectorize only if the compiler may reorder the
+# additions; these flags allow that and nothing else (inf and NaN keep their meaning).
+REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}
+
+
+@kernel(fastmath={"contract"})
 def exp_taylor_float32(r):
     """e^r for |r| <= ln2/2 in float32: Taylor to r^7 (truncation error < 6e-9, 0.05 ulp)."""
     real = type(r)
@@ -66,7 +73,7 @@ def exp_taylor_float32(r):
     return p * r + real(1)
 
 
-@njit(error_model="numpy", fastmath={"contract"})
+@kernel(fastmath={"contract"})
 def exp_taylor_float64(r):
     """e^r for |r| <= ln2/2 in float64: Taylor to r^12 (truncation error < 2e-16)."""
     real = type(r)
@@ -86,9 +93,9 @@ def exp_taylor_float64(r):
 
 
 def exp_taylor(r):
-    """e^r for |r| <= ln2/2, as many terms as r's float type needs. This plain version runs under
-    NUMBA_DISABLE_JIT=1; compiled code uses the overload below, which makes the same choice once,
-    when it compiles, from r's type."""
+    """e^r for |r| <= ln2/2, as many terms as r's float type needs. This plain version is what
+    Python runs; compiled code uses the overload below, which makes the same choice once, when it
+    compiles, from r's type."""
     return exp_taylor_float32(r) if isinstance(r, np.float32) else exp_taylor_float64(r)
 
 
@@ -99,7 +106,7 @@ def _exp_taylor_by_type(r):
     return lambda r: exp_taylor_float64(r)
 
 
-@njit(error_model="numpy")
+@kernel
 def times_two_to_the_float32(p, k):
     """p 2^k for p in [0.7, 1.42] and an integer k <= 0, in float32: 2^k is the float32 whose
     exponent field (bits 23-30) holds k + 127 and whose fraction is 0, for k >= -126.
@@ -116,7 +123,7 @@ def times_two_to_the_float32(p, k):
     return y * real(5.421010862427522e-20) if subnormal else y  # 2^-64
 
 
-@njit(error_model="numpy")
+@kernel
 def times_two_to_the_float64(p, k):
     """p 2^k for p in [0.7, 1.42] and an integer k in [-1021, 0], in float64: 2^k is the float64
     whose exponent field (bits 52-62) holds k + 1023 and whose fraction is 0."""
@@ -125,8 +132,8 @@ def times_two_to_the_float64(p, k):
 
 
 def times_two_to_the(p, k):
-    """p 2^k in p's float type (see the two versions above). This plain version runs under
-    NUMBA_DISABLE_JIT=1; compiled code uses the overload below, which chooses once, by type."""
+    """p 2^k in p's float type (see the two versions above). This plain version is what Python
+    runs; compiled code uses the overload below, which chooses once, by type."""
     return times_two_to_the_float32(p, k) if isinstance(p, np.float32) else times_two_to_the_float64(p, k)
 
 
@@ -137,7 +144,7 @@ def _times_two_to_the_by_type(p, k):
     return lambda p, k: times_two_to_the_float64(p, k)
 
 
-@njit(error_model="numpy", fastmath={"contract"})
+@kernel(fastmath={"contract"})
 def exp_of_nonpositive(t):
     """e^t for t <= 0, in t's own float type (float32 or float64)."""
     real = type(t)  # every constant below is converted to it: float32 math stays float32
@@ -151,7 +158,7 @@ def exp_of_nonpositive(t):
     return times_two_to_the(exp_taylor(r), k)  # e^r (to r^7 in float32, r^12 in float64) times 2^k
 
 
-@njit(error_model="numpy")
+@kernel
 def tanh(u):
     """tanh u = (1 - e^-2|u|) / (1 + e^-2|u|) with u's sign; in u's float type."""
     real = type(u)
@@ -160,7 +167,7 @@ def tanh(u):
     return t if u >= real(0) else -t
 
 
-@njit(error_model="numpy")
+@kernel
 def sigmoid(x):
     """σ(x) = 1 / (1 + e^-x), from e^-|x| so that nothing overflows; in x's float type."""
     real = type(x)
@@ -168,15 +175,59 @@ def sigmoid(x):
     return real(1) / (real(1) + e) if x >= real(0) else e / (real(1) + e)
 
 
-@njit(error_model="numpy")
+@kernel(fastmath={"contract"})
+def erf_float32(x):
+    """erf x in float32: a = min(|x|, 3.92), erf x = sign(x) a P(a²) / Q(a²), P and Q of degree 5.
+
+    Branch-free, so that the loops calling it vectorize. P/Q is a rational fit of erf(a)/a in a²,
+    made for this file (minimax in relative error on [0, 3.92], error 2e-8 before rounding); above
+    3.92, erf rounds to 1 in float32. tests/test_vector_math.py holds it within 6 ulp of math.erf.
+    """
+    real = type(x)
+    a = abs(x)
+    a = real(3.92) if a > real(3.92) else a  # a NaN fails the test and stays NaN
+    z = a * a
+    p = real(2.050009009915606e-06)
+    p = p * z + real(0.00028487772882269995)
+    p = p * z + real(0.0037656276933324424)
+    p = p * z + real(0.05274872319333557)
+    p = p * z + real(0.19040743174367022)
+    p = p * z + real(1.1283791461432506)  # 2/√π: erf a ~ 2a/√π near 0
+    q = real(3.809064657959585e-05)
+    q = q * z + real(0.001162528665687633)
+    q = q * z + real(0.014969236605558744)
+    q = q * z + real(0.11410939624193382)
+    q = q * z + real(0.5020769338682672)
+    q = q * z + real(1)
+    y = a * p / q
+    y = real(1) if y > real(1) else y
+    return y if x >= real(0) else -y
+
+
+def erf(x):
+    """erf x in x's float type: erf_float32 for float32 (the training type, where speed matters),
+    the C library's math.erf for float64 (gradient checks and tests, where the last bit matters more
+    than vectorizing). This plain version is what Python runs; compiled code uses the overload
+    below, which chooses once, by type."""
+    return erf_float32(x) if isinstance(x, np.float32) else math.erf(x)
+
+
+@overload(erf)
+def _erf_by_type(x):
+    if x == types.float32:
+        return lambda x: erf_float32(x)
+    return lambda x: math.erf(x)
+
+
+@kernel
 def max_of_row(x, r):
     """max_c x[r, c], compared as integers so that the loop vectorizes.
 
     Numba does not vectorize a loop of float comparisons (it may not reorder comparisons, whose
-    result with a NaN depends on the order), but it does vectorize a loop of integer maxima, which
-    made the max pass ~3x faster. A float64's 64 bits, read as a signed integer, are ordered like
-    the floats for non-negative floats and reversed for negative ones; flipping every bit but the
-    sign of the negative ones (`^ FLIP`) puts all floats in value order (-inf < -1 < -0 < 0 < 1 < inf).
+    result with a NaN depends on the order), but it does vectorize a loop of integer maxima. A
+    float64's 64 bits, read as a signed integer, are ordered like the floats for non-negative floats
+    and reversed for negative ones; flipping every bit but the sign of the negative ones (`^ FLIP`)
+    puts all floats in value order (-inf < -1 < -0 < 0 < 1 < inf).
     float32 values are widened to float64 first, which is exact. A NaN sorts above +inf (or below
     -inf if its sign bit is set); either way x - max is NaN somewhere in the row, so the row's
     softmax is NaN, as it should be.

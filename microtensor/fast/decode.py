@@ -1,13 +1,15 @@
-"""Generation's one-token step: every layer of the GPT for one new token, in one Numba kernel.
+"""Generation's one-token step: every layer of the GPT for one new token, in one kernel.
 
-Why a path of its own: with a KV cache, one new token is little arithmetic (the default recipe at
-block_size 256: ~0.8M multiply-adds, ~12 C² per layer plus the attention over the cache), but
-going through the modules costs ~60 Function calls of a few microseconds of Python each, several
-times the arithmetic. Here the weights are gathered once per generation into a `DecodeWeights`,
-and each token is a single call of `decode_step`, whose loops run on plain arrays. It computes
-what `GPT.forward` computes for the last position (the same logits to float rounding: the sums
-run in another order) and writes the same keys and values into the same cache arrays, so a cache
-filled by the modules (a prompt, many tokens at once) can be continued here and the other way round.
+This is the fast set's replacement for one generation step through the modules. With a KV cache,
+one new token is little arithmetic (about 12 C² multiply-adds per layer plus the attention over the
+cache), while going through the modules is ~60 Function calls, each with its Python around the
+kernel: for a single token the calls, not the arithmetic, would set the pace. Here the weights are
+gathered once per generation into a `DecodeWeights`, and each token is a single call of
+`decode_step`, whose loops run on plain arrays. It computes what `GPT.forward` computes for the
+last position (the same logits to float rounding: the sums run in another order) and writes the
+same keys and values into the same cache arrays, so a cache filled by the modules (a prompt, many
+tokens at once) can be continued here and the other way round. `GPT.generate_tokens` calls it
+only under the fast kernel set; under the readable set every token goes through the modules.
 
 For one sequence b with its new token at window position t, x the residual stream (C,), H heads
 of size D = C / H, F the MLP's hidden width:
@@ -35,31 +37,24 @@ Every product is a row vector times a matrix, x (K,) @ W (K, N) -> (N,). `linear
 rows of W and, inside, along one row: W is read once in memory order, and the inner loop's
 iterations write different outputs, so it vectorizes without reordering any sum.
 
-What bounds its speed: each token reads every weight once, 3.2 MB at the default recipe, more than
-one core's 2 MB L2 cache, so they stream from L3 (~25 GB/s from one core of the 2-core machine it was measured on): ~130 µs
-of the ~170 µs a token takes at block_size 256. The attention reads the cache, up to 1 MB more.
+What bounds its speed: each token reads every weight once, more than fits in one core's L2 cache
+at the default recipe, so the weights stream from the next level of memory; the attention also
+reads the cache, which grows with the context.
 
 One kernel, serial (no prange): one token is too little work to share between threads (waking
 one costs more than the token). A model without biases gets zero biases, which add nothing; all
 options are flags and arrays of fixed dimensions in `DecodeWeights`, so a model of any options
 compiles one version of the kernel per float type.
-
-The kernel's helpers are in this file, so that numba's cache (cache=True) sees an edit to them.
-The exception is e^t, tanh and the sigmoid, shared with the ops from microtensor/ops/vector_math.py:
-after editing those, delete the cached kernels (`find models microtensor -name '*.nbi' -delete`).
 """
-import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
-from microtensor.ops.rope import rope_angles
-from microtensor.ops.vector_math import exp_of_nonpositive, sigmoid, tanh
+from ..kernels import kernel
+from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
+from ..ops.rope import rope_angles
+from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
 
-REDUCE_FASTMATH = {"reassoc", "contract", "arcp"}  # row sums and dot products vectorize; inf/NaN keep their meaning
-GELU_K = math.sqrt(2 / math.pi)  # gelu(x) = x/2 (1 + tanh(GELU_K (x + GELU_CUBIC x³))), the tanh form
-GELU_CUBIC = 0.044715
 
 
 class DecodeWeights(NamedTuple):
@@ -173,7 +168,7 @@ def decode(weights, tokens, position, keys, values):
 # ------------------------------------------------------------------------------ the kernel
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def decode_step(tokens, position, w, keys, values, logits):
     """One new token per sequence through the whole GPT (the module docstring's math).
 
@@ -185,7 +180,7 @@ def decode_step(tokens, position, w, keys, values, logits):
     D = C // H
     F = w.c_fc_weight.shape[2]
     dtype = w.wte.dtype
-    scale = dtype.type(1 / math.sqrt(D))
+    scale = dtype.type(1) / np.sqrt(dtype.type(D))  # 1/√D, computed in the weights' dtype
     x = np.empty(C, dtype)  # the residual stream
     normed = np.empty(C, dtype)  # norm(x), the input of attention, of the MLP and of lm_head
     qkv = np.empty(3 * C, dtype)  # q, k, v of every head: [0, C), [C, 2C), [2C, 3C)
@@ -234,7 +229,7 @@ def decode_step(tokens, position, w, keys, values, logits):
         matvec_accumulate(normed, w.lm_head, logits_row)
 
 
-@njit(error_model="numpy")
+@kernel
 def linear(x, weight, bias, out):
     """out (N,) = x (K,) @ weight (K, N) + bias (N,)."""
     out[:] = 0
@@ -243,15 +238,14 @@ def linear(x, weight, bias, out):
         out[j] += bias[j]
 
 
-@njit(error_model="numpy")
+@kernel
 def matvec_accumulate(x, weight, out):
     """out (N,) += x (K,) @ weight (K, N), four rows of weight at a time.
 
     out[j] gathers x[i] weight[i, j] over i: the inner loop walks along rows of weight, contiguous
     in memory, writing N different outputs, which the compiler turns into vector instructions (a dot
     product per output, down a column, would stride through memory). Taking four rows per pass loads
-    and stores out a quarter as often (measured 1.2-1.9x faster than one row per pass at 128 x 512
-    and 128 x 384 with W in the L2 cache)."""
+    and stores out a quarter as often as one row per pass would."""
     K, N = weight.shape
     rows_by_four = K - K % 4
     for i in range(0, rows_by_four, 4):
@@ -265,7 +259,7 @@ def matvec_accumulate(x, weight, out):
             out[j] += xi * weight[i, j]
 
 
-@njit(error_model="numpy", fastmath=REDUCE_FASTMATH)
+@kernel(fastmath=REDUCE_FASTMATH)
 def norm_row(x, weight, bias, eps, rmsnorm, out):
     """out (C,) = LayerNorm(x) w + b, or RMSNorm(x) w, of one row x (C,)."""
     C = x.shape[0]
@@ -290,7 +284,7 @@ def norm_row(x, weight, bias, eps, rmsnorm, out):
         out[c] = (x[c] - mean) * rstd * weight[c] + bias[c]
 
 
-@njit(error_model="numpy")
+@kernel
 def rotate_heads(qkv, start, H, D, cos, sin):
     """Rotary positions: rotate each pair (2i, 2i+1) of every head of qkv[start : start + H D] by
     the angle whose cos and sin are cos[i], sin[i] (D/2,), in place."""
@@ -302,7 +296,7 @@ def rotate_heads(qkv, start, H, D, cos, sin):
             qkv[base + 2 * i + 1] = even * sin[i] + odd * cos[i]
 
 
-@njit(error_model="numpy", fastmath=REDUCE_FASTMATH)
+@kernel(fastmath=REDUCE_FASTMATH)
 def attend(qkv, h, keys, values, position, scale, probs, out):
     """Head h's query q = qkv[hD : hD + D] against the keys and values (T, D) at positions
     0 .. position: out[hD : hD + D] = softmax(q kᵀ scale) v. probs (position + 1,) is scratch."""
@@ -330,17 +324,17 @@ def attend(qkv, h, keys, values, position, scale, probs, out):
     matvec_accumulate(probs, values[:n], y)  # y (D,) = p (n,) @ v (n, D)
 
 
-@njit(error_model="numpy")
+@kernel
 def gelu_in_place(h):
     """h = h/2 (1 + tanh(k (h + 0.044715 h³))), k = √(2/π): GELU's tanh form, as the module's MLP."""
     real = h.dtype.type
-    half, one, k, cubic = real(0.5), real(1), real(GELU_K), real(GELU_CUBIC)
+    half, one, k, cubic = real(0.5), real(1), real(SQRT_2_OVER_PI), real(CUBIC)
     for i in range(h.shape[0]):
         x = h[i]
         h[i] = half * x * (one + tanh(k * (x + cubic * x * x * x)))
 
 
-@njit(error_model="numpy")
+@kernel
 def swiglu_in_place(gate, up):
     """gate = silu(gate) * up = gate σ(gate) up."""
     for i in range(gate.shape[0]):

@@ -1,0 +1,16 @@
+"""The fast kernel set: everything in microtensor that exists only for speed.
+
+Each module here gives some readable kernels of `microtensor/ops/` a fast twin (same arguments,
+same result, registered with `kernels.fast_twin`); importing this package registers them all.
+`mt.set_kernels("fast")` (the default) imports it; the readable set never does.
+
+    blas.py          numpy's BLAS called from compiled kernels, on Numba's threads
+    vector_math.py   e^x, tanh, erf, the sigmoid and a row's max, written so that loops vectorize
+    memory.py        the copy of a leaf's first gradient into `.grad`
+    process.py       process-wide settings for training speed, applied only when asked for
+    decode.py        generation's one-token step through the whole GPT in one kernel
+
+Why a fast form exists is said in one sentence beside it; what it gains is measured by the
+scripts in bench/ and reported in bench/README.md.
+"""
+from . import attention, cross_entropy, embedding, gelu, layer_norm, matmul, memory, optim, rms_norm, silu, softmax  # noqa: F401

@@ -1,0 +1,271 @@
+"""numpy's BLAS, called from Numba's threads: one pool of threads for the matrix products and
+the kernels.
+
+Why. A training step alternates matrix products (BLAS) with small kernels (Numba). Left to
+themselves, numpy's OpenBLAS and Numba each keep a pool of threads, and the two pools fight over
+the cores: a pool that spins after its work, waiting for more, steals the cores from the other's
+next call, and a pool that sleeps at once pays for waking its threads on every call. PyTorch runs
+its products and its kernels on one pool and has neither problem. So does microtensor's fast set:
+`gemm_in_parallel` below runs a table of BLAS calls on Numba's threads, the rows of C = A B cut
+into one slice per thread, each thread calling BLAS's gemm on its slice. A kernel may also call
+`gemm` itself, as attention's fast kernels do for each (batch, head)'s small products
+(`batched_jobs` gives their table). Then one pool does everything, and its threads may spin
+between calls (`microtensor.fast.process.tune_for_training` sets how long) without stealing from
+anyone.
+
+OpenBLAS's own threads, scoped to our calls. Each Numba thread's gemm call must run on that
+thread alone: were OpenBLAS to split it again over its own pool, the two pools would fight once
+more. So every kernel here that calls gemm sets OpenBLAS to one thread before its parallel loop
+and gives back the count it found after it (`one_openblas_thread`, `restore_openblas_threads`:
+calls into OpenBLAS from the compiled kernel itself). Outside those kernels numpy's products keep
+the thread count they had: importing microtensor or running it changes nothing for them. (While
+such a kernel runs, a numpy product started by another Python thread would run on one thread.)
+
+How. BLAS's `cblas_?gemm` multiplies row-major matrices given by a pointer and a row stride (its
+"leading dimension"), each optionally transposed. numpy ships OpenBLAS inside its wheels; this
+module finds that library when imported and looks up its gemm and thread-count functions (ILP64
+builds: 64-bit integers), which only reads the library numpy has already loaded. The first time a
+product needs them, `available()` gives their addresses to LLVM under names of our own, so that a
+Numba kernel calls them like C functions and its compiled code can be cached (it refers to the
+name, not to an address of this process).
+
+Where this is not possible (a numpy linked to another BLAS, or NUMBA_DISABLE_JIT=1, where the
+kernels run as Python and cannot call C), `available()` is False and the fast twins fall back:
+matmul to np.matmul (numpy's own BLAS, threading its products itself), attention to its readable
+kernels.
+
+    C (n, m) = op(A) (n, k) @ op(B) (k, m),   op(X) = X or Xᵀ as X is laid out in memory
+    slice t of C: rows [n t / T, n (t + 1) / T) = op(A)'s same rows @ op(B), one BLAS call
+"""
+import ctypes
+import functools
+import glob
+import os
+
+import numba
+import numpy as np
+from numba import prange, types
+
+from ..kernels import kernel
+
+ROW_MAJOR, NO_TRANSPOSE, TRANSPOSE = 101, 111, 112  # the CBLAS enum values
+
+# The C declarations, with every pointer passed as a 64-bit integer (the same register and size in
+# the C calling convention of every 64-bit platform), so one compiled kernel serves every dtype:
+#   void cblas_sgemm(order, trans_a, trans_b, int64 M, int64 N, int64 K, float alpha, const float *A,
+#                    int64 lda, const float *B, int64 ldb, float beta, float *C, int64 ldc)
+#   int openblas_get_num_threads(void)        void openblas_set_num_threads(int)
+_i32, _i64 = types.int32, types.int64
+sgemm = types.ExternalFunction(
+    "microtensor_cblas_sgemm",
+    types.void(_i32, _i32, _i32, _i64, _i64, _i64, types.float32, _i64, _i64, _i64, _i64, types.float32, _i64, _i64),
+)
+dgemm = types.ExternalFunction(
+    "microtensor_cblas_dgemm",
+    types.void(_i32, _i32, _i32, _i64, _i64, _i64, types.float64, _i64, _i64, _i64, _i64, types.float64, _i64, _i64),
+)
+openblas_get_num_threads = types.ExternalFunction("microtensor_openblas_get_num_threads", _i32())
+openblas_set_num_threads = types.ExternalFunction("microtensor_openblas_set_num_threads", types.void(_i32))
+
+# Our names for the four functions, in the order of each row of SYMBOL_SETS below.
+OUR_NAMES = (
+    "microtensor_cblas_sgemm",
+    "microtensor_cblas_dgemm",
+    "microtensor_openblas_get_num_threads",
+    "microtensor_openblas_set_num_threads",
+)
+# Their names in the ILP64 OpenBLAS builds numpy has shipped: numpy >= 2 (scipy-openblas) and
+# numpy 1.22-1.26 (openblas64_).
+SYMBOL_SETS = (
+    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+    ("cblas_sgemm64_", "cblas_dgemm64_", "openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+)
+
+# below this many multiply-adds a product runs on the calling thread: splitting costs more than it saves
+SMALL_PRODUCT = 1 << 17
+
+
+# The columns of a job table: one row per BLAS call, C (rows, cols) = op(A) (rows, inner) @ op(B)
+# (inner, cols), with A, B, C the addresses of their first elements and lda, ldb, ldc their row strides.
+TRANS_A, TRANS_B, ROWS, COLS, INNER, A, LDA, B, LDB, C, LDC = range(11)
+
+
+# --------------------------------------------------------------------------------- finding OpenBLAS
+
+
+def _numpy_blas_libraries():
+    """The shared libraries inside numpy's wheel that may be its OpenBLAS, as ctypes CDLLs (numpy
+    has loaded them already, so opening them again only returns the same handle)."""
+    here = os.path.dirname(np.__file__)
+    for pattern in ("../numpy.libs/*openblas*", ".dylibs/*openblas*", "../numpy.libs/*.dll", ".libs/*openblas*"):
+        for path in sorted(glob.glob(os.path.join(here, pattern))):
+            try:
+                yield ctypes.CDLL(path)
+            except OSError:
+                continue
+
+
+def find_openblas():
+    """{our name: address} of numpy's OpenBLAS gemm and thread-count functions, or None if numpy's
+    BLAS is not an OpenBLAS this module knows. Only looks symbols up: nothing is called."""
+    for library in _numpy_blas_libraries():
+        for names in SYMBOL_SETS:
+            try:
+                functions = [getattr(library, name) for name in names]
+            except AttributeError:
+                continue
+            return {ours: ctypes.cast(function, ctypes.c_void_p).value for ours, function in zip(OUR_NAMES, functions)}
+    return None
+
+
+OPENBLAS = find_openblas()
+_registered = False
+
+
+def available():
+    """True if the compiled kernels here can call numpy's OpenBLAS. The first time it is True, the
+    functions' addresses are given to LLVM (which only fills LLVM's table of symbols in this
+    process); call it before any kernel of this module runs, as every fast twin does."""
+    global _registered
+    if numba.config.DISABLE_JIT or OPENBLAS is None:
+        return False
+    if not _registered:
+        import llvmlite.binding as llvm
+
+        for name, address in OPENBLAS.items():
+            llvm.add_symbol(name, address)
+        _registered = True
+    return True
+
+
+# --------------------------------------------------------------------------------- the kernels
+
+
+@kernel
+def gemm(double, job):
+    """One BLAS call on the calling thread: C = op(A) op(B) as one row of a job table (int64 (11,),
+    the columns above) describes it; float64 if `double`, else float32."""
+    trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, c, ldc = job
+    order, trans_a, trans_b = np.int32(ROW_MAJOR), np.int32(trans_a), np.int32(trans_b)
+    if double:
+        dgemm(order, trans_a, trans_b, rows, cols, inner, 1.0, a, lda, b, ldb, 0.0, c, ldc)
+    else:
+        one, zero = np.float32(1), np.float32(0)
+        sgemm(order, trans_a, trans_b, rows, cols, inner, one, a, lda, b, ldb, zero, c, ldc)
+
+
+@kernel
+def one_openblas_thread():
+    """Set OpenBLAS to one thread and return the count it had (for `restore_openblas_threads`), so
+    that a gemm call made on one of Numba's threads runs on that thread only."""
+    previous = openblas_get_num_threads()
+    if previous != 1:
+        openblas_set_num_threads(np.int32(1))
+    return previous
+
+
+@kernel
+def restore_openblas_threads(previous):
+    """Give OpenBLAS back the thread count `one_openblas_thread` found."""
+    if previous != 1:
+        openblas_set_num_threads(previous)
+
+
+@kernel(parallel=True)
+def gemm_in_parallel(double, jobs):
+    """Every BLAS call of the job table `jobs` (int64 (J, 11), the columns above), the calls shared
+    among the threads (J is a multiple of the thread count, or large, so that they share it evenly),
+    OpenBLAS on one thread meanwhile."""
+    previous = one_openblas_thread()
+    for job in prange(jobs.shape[0]):
+        gemm(double, jobs[job])
+    restore_openblas_threads(previous)
+
+
+# --------------------------------------------------------------------------------- job tables
+
+
+def blas_layout(x):
+    """(transpose flag, leading dimension) that BLAS reads the matrix x (rows, cols) with, or None if
+    x's strides fit neither way (then it must be copied)."""
+    rows, cols = x.shape
+    if any(s % x.itemsize for s in x.strides):
+        return None
+    row_stride, col_stride = (s // x.itemsize for s in x.strides)
+    if col_stride == 1 and (rows == 1 or row_stride >= max(1, cols)):
+        return NO_TRANSPOSE, max(1, cols) if rows == 1 else row_stride
+    if row_stride == 1 and (cols == 1 or col_stride >= max(1, rows)):
+        return TRANSPOSE, max(1, rows) if cols == 1 else col_stride
+    return None
+
+
+def multiply_into(*products):
+    """c = a @ b for every (a, b, c) in `products`: a (n, k) and b (k, m) of any strides, c (n, m)
+    written in place, all of one float dtype; call `available()` first. The products are computed
+    in one parallel call: each gets an equal share of the threads, and each of its threads one slice
+    of its rows. A layer's backward needs two products, g Wᵀ and xᵀ g; computed together, the
+    threads meet once instead of twice, and each BLAS call gets more rows to work on.
+
+    Everything here but the products themselves is Python that runs for every product of a training
+    step, so it is kept to plain arithmetic on shapes and strides (each numpy call has a cost)."""
+    slices = max(1, numba.get_num_threads() // len(products))
+    jobs = []
+    operands = []  # every array a job points into, alive until the jobs have run (copies included)
+    written_back = []  # (c, the contiguous array BLAS wrote instead) where c's layout does not suit BLAS
+    for a, b, c in products:
+        n, k = a.shape
+        m = b.shape[1]
+        if n * k * m < SMALL_PRODUCT or k == 0:
+            np.matmul(a, b, out=c)  # on this thread: too small to be worth sharing
+            continue
+        layouts = [blas_layout(x) for x in (a, b)]
+        if None in layouts:
+            a, b = (np.ascontiguousarray(x) if layout is None else x for x, layout in zip((a, b), layouts))
+            layouts = [blas_layout(x) for x in (a, b)]
+        (trans_a, lda), (trans_b, ldb) = layouts
+        c_layout = blas_layout(c)
+        if c_layout is None or c_layout[0] != NO_TRANSPOSE:
+            written_back.append((c, np.empty((n, m), dtype=c.dtype)))
+            c = written_back[-1][1]
+            c_layout = NO_TRANSPOSE, m
+        ldc = c_layout[1]
+        operands += (a, b, c)
+        a_address, b_address, c_address = a.ctypes.data, b.ctypes.data, c.ctypes.data
+        for part in range(slices):  # slice `part` is rows [first, last) of C and of op(A)
+            first, last = n * part // slices, n * (part + 1) // slices
+            if last > first:
+                a_slice, c_slice = a_address + first * a.strides[0], c_address + first * c.strides[0]
+                jobs.append((trans_a, trans_b, last - first, m, k, a_slice, lda, b_address, ldb, c_slice, ldc))
+    if jobs:
+        gemm_in_parallel(products[0][2].dtype == np.float64, np.array(jobs, dtype=np.int64))
+    for c, written in written_back:
+        c[...] = written
+
+
+def batched_jobs(a, b, out, jobs=None):
+    """The job table (outer * inner, 11) of the products out[i, j] = a[i, j] @ b[i, j] for 4-D
+    stacks (outer, inner, n, k) @ (outer, inner, k, m) -> out (outer, inner, n, m), all of one
+    float dtype, any strides (views of other arrays too: BLAS reads them as they are), written into
+    `jobs` if given (a view of a larger table may be); None if the stacks are empty or a matrix's
+    strides fit no BLAS layout (then nothing can be done without copying)."""
+    layouts = [blas_layout(x[0, 0]) if x.size else None for x in (a, b, out)]
+    if None in layouts or layouts[2][0] != NO_TRANSPOSE:
+        return None
+    (trans_a, lda), (trans_b, ldb), (_, ldc) = layouts
+    outer, inner, n, k = a.shape
+    if jobs is None:
+        jobs = np.empty((outer * inner, 11), dtype=np.int64)
+    jobs[:] = (trans_a, trans_b, n, b.shape[3], k, 0, lda, 0, ldb, 0, ldc)
+    for column, x in ((A, a), (B, b), (C, out)):  # the address of matrix (i, j) of each stack
+        jobs[:, column] = _matrix_offsets(outer, inner, *x.strides[:2]) + x.ctypes.data
+    return jobs
+
+
+@functools.lru_cache(maxsize=64)
+def _matrix_offsets(outer, inner, outer_stride, inner_stride):
+    """Byte offsets of the matrices (i, j) of an (outer, inner) stack, in order, (outer * inner,);
+    kept, as a training step asks for the same few again and again."""
+    i, j = np.divmod(np.arange(outer * inner, dtype=np.int64), inner)
+    offsets = i * outer_stride + j * inner_stride
+    offsets.flags.writeable = False  # shared by every call that asks for it
+    return offsets

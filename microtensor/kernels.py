@@ -1,0 +1,194 @@
+"""The two kernel sets, the switch between them, and the decorator every kernel is compiled with.
+
+Every op's file holds its *readable* kernels: plain loops that follow the op's formula line by
+line. They are what a student reads, steps through in a debugger and edits. Some ops also have a
+*fast* twin in `microtensor/fast/`: the same computation with the same arguments, written for speed
+(BLAS calls, vectorized e^x, fused passes). One switch chooses which set runs:
+
+    mt.set_kernels("readable")            # or "fast" (the default)
+    with mt.using_kernels("readable"):    # for a block of code, then back
+        ...
+    MICROTENSOR_KERNELS=readable python train.py    # the default for a whole program
+
+An op calls its kernel through `active`, which hands back the readable kernel itself, or its fast
+twin when the fast set is chosen:
+
+    active(softmax_forward)(x_rows, y_rows)
+
+Both sets are run by the same tests and must agree (tests/test_kernel_sets.py). Under
+NUMBA_DISABLE_JIT=1 every kernel runs as plain Python, which is what a debugger needs; only the
+readable set is meant for that (the fast set calls BLAS from compiled code), so it is the default
+there and asking for "fast" is an error.
+
+The cache. Numba can keep compiled kernels on disk (`cache=True`), but it decides whether a cached
+kernel is stale by looking at the kernel's own file only: an edit to a helper in another file would
+be silently ignored. `kernel` below keys the cache on a hash of every source file of the package
+instead (the readable set's files for a readable kernel, every file for a fast one), so any edit
+anywhere is seen on the next run, at the price of recompiling.
+"""
+import hashlib
+import inspect
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numba
+from numba.core.caching import CompileResultCacheImpl, FunctionCache
+
+KERNEL_SETS = ("readable", "fast")
+ENVIRONMENT_VARIABLE = "MICROTENSOR_KERNELS"
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+FAST_DIR = PACKAGE_DIR / "fast"
+
+FAST_TWINS = {}  # readable kernel -> its fast twin; filled when microtensor.fast is imported
+_chosen = None  # the kernel set in use; None until first asked for
+
+
+# --------------------------------------------------------------------------------- the switch
+
+
+def _check_name(where, name):
+    if name not in KERNEL_SETS:
+        raise ValueError(f"{where}: unknown kernel set {name!r}; expected one of {KERNEL_SETS}")
+    if name == "fast" and numba.config.DISABLE_JIT:
+        raise ValueError(
+            f"{where}: the fast kernels need Numba's compiler, and NUMBA_DISABLE_JIT=1 is set; "
+            "use the readable kernels (they are the ones to step through in a debugger)"
+        )
+
+
+def _default():
+    name = os.environ.get(ENVIRONMENT_VARIABLE)
+    if name is None:
+        return "readable" if numba.config.DISABLE_JIT else "fast"
+    _check_name(f"the environment variable {ENVIRONMENT_VARIABLE}", name)
+    return name
+
+
+def set_kernels(name):
+    """Choose the kernel set every op runs from now on: "readable" or "fast"."""
+    global _chosen
+    _check_name("set_kernels", name)
+    if name == "fast":
+        from . import fast  # noqa: F401  (importing it registers the fast twins)
+    _chosen = name
+
+
+def get_kernels():
+    """The kernel set in use: "readable" or "fast"."""
+    if _chosen is None:
+        set_kernels(_default())
+    return _chosen
+
+
+@contextmanager
+def using_kernels(name):
+    """Run the enclosed code (forward and backward alike) with the kernel set `name`, then go back."""
+    previous = get_kernels()
+    set_kernels(name)
+    try:
+        yield
+    finally:
+        set_kernels(previous)
+
+
+def active(readable_kernel):
+    """The kernel to run for `readable_kernel`: itself, or its fast twin under the fast set."""
+    if (_chosen or get_kernels()) == "fast":
+        return FAST_TWINS.get(readable_kernel, readable_kernel)
+    return readable_kernel
+
+
+def fast_twin(readable_kernel):
+    """Decorator, used in microtensor/fast/ only: register the decorated kernel as the fast set's
+    version of `readable_kernel`. It must take the same arguments and compute the same result."""
+
+    def register(fast_kernel):
+        FAST_TWINS[readable_kernel] = fast_kernel
+        return fast_kernel
+
+    return register
+
+
+# --------------------------------------------------------------------------------- compiling
+
+
+def kernel(function=None, *, parallel=False, fastmath=False, tag=""):
+    """Compile `function` with Numba (nopython mode), cached on disk and keyed on the sources.
+
+    parallel: run `prange` loops on all cores (only over iterations whose writes never overlap).
+    fastmath: a set of LLVM flags, e.g. {"reassoc", "contract", "arcp"} to let sums vectorize.
+    tag: tells apart two compilations of one Python function (the fast set may compile a readable
+        kernel again with other flags: `kernel(fastmath=..., tag="fast")(readable_kernel)`).
+    Division by zero gives inf or nan, as in numpy (error_model="numpy"), rather than raising.
+    Under NUMBA_DISABLE_JIT=1 the function is returned as it is, to run as Python.
+    """
+
+    def compile_(function):
+        function = getattr(function, "py_func", function)  # a compiled kernel: compile its Python again
+        if numba.config.DISABLE_JIT:
+            return function
+        dispatcher = numba.njit(parallel=parallel, fastmath=fastmath, error_model="numpy")(function)
+        options = repr((parallel, sorted(fastmath) if isinstance(fastmath, (set, frozenset)) else fastmath, tag))
+        dispatcher._cache = SourceKeyedCache(function, tag, options)  # what cache=True would do, with our key
+        return dispatcher
+
+    return compile_ if function is None else compile_(function)
+
+
+_file_hashes = {}  # path -> (mtime, size, sha256 digest)
+
+
+def _file_hash(path):
+    stat = path.stat()
+    known = _file_hashes.get(path)
+    if known is None or known[:2] != (stat.st_mtime_ns, stat.st_size):
+        known = (stat.st_mtime_ns, stat.st_size, hashlib.sha256(path.read_bytes()).digest())
+        _file_hashes[path] = known
+    return known[2]
+
+
+def sources_hash(source_file, include_fast=False):
+    """A hash of every file a kernel defined in `source_file` may depend on: the package's Python
+    files (all of them for a fast kernel or when `include_fast`; all but microtensor/fast/ for a
+    readable one, which never imports it), and `source_file` itself when it lies outside the
+    package (an exercise's file)."""
+    source_file = Path(source_file).resolve()
+    include_fast = include_fast or FAST_DIR in source_file.parents
+    files = sorted(p for p in PACKAGE_DIR.rglob("*.py") if include_fast or FAST_DIR not in p.parents)
+    if PACKAGE_DIR not in source_file.parents:
+        files.append(source_file)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(path.anchor)).encode())
+        digest.update(_file_hash(path))
+    return digest.hexdigest()
+
+
+class _SourceKeyedCacheImpl(CompileResultCacheImpl):
+    """Numba's own cache layout (files in __pycache__ beside the source), with the freshness stamp
+    replaced by `sources_hash` and the compile options, and the tag added to the file names. A
+    tagged compilation is made by the fast set, so its stamp covers the fast set's files too (the
+    flags it was compiled with are defined there)."""
+
+    tag = ""
+    options = ""
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        source_file = inspect.getfile(py_func)
+        include_fast, options = bool(self.tag), self.options
+        self._locator.get_source_stamp = lambda: (sources_hash(source_file, include_fast), options)
+
+    def get_filename_base(self, fullname, abiflags):
+        return super().get_filename_base(fullname + (f"-{self.tag}" if self.tag else ""), abiflags)
+
+
+class SourceKeyedCache(FunctionCache):
+    """The on-disk cache of one kernel: stale as soon as any source it may depend on changes."""
+
+    def __init__(self, py_func, tag="", options=""):
+        impl_class = type("_TaggedImpl", (_SourceKeyedCacheImpl,), {"tag": tag, "options": options})
+        self._impl_class = impl_class
+        super().__init__(py_func)

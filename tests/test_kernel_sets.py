@@ -1,0 +1,309 @@
+"""The switch between the two kernel sets, and what keeps them honest.
+
+- Every registered op (every gradcheck case) gives the same output and the same input gradients
+  with the readable kernels and with the fast ones, in float64 and in float32.
+- An edit to any source file is seen on the next run, in every kernel that calls the edited code.
+- Importing microtensor changes nothing outside it.
+The whole GPT is compared across the sets in tests/test_gpt.py.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+import microtensor as mt
+from microtensor.gradcheck import GRADCHECK_CASES, RandomDraw
+from microtensor.tensor import Tensor
+from helpers import needs_jit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Tolerances between the sets: the same formulas with sums taken in another order (and, in the fast
+# set, e^x, tanh and erf from vectorizable formulas accurate to a few ulp).
+FLOAT64 = dict(rtol=1e-9, atol=1e-11)
+FLOAT32 = dict(rtol=2e-4, atol=2e-5)
+
+CASES = [
+    pytest.param(function, case, id=f"{function.__name__}-{case.__name__.strip('_')}")
+    for function, cases in sorted(GRADCHECK_CASES.items(), key=lambda item: item[0].__name__)
+    for case in cases
+]
+
+
+def as_dtype(value, dtype):
+    if isinstance(value, Tensor) and value.dtype.kind == "f":
+        return Tensor(value.data.astype(dtype), requires_grad=value.requires_grad)
+    return value
+
+
+def run(kernel_set, fn, inputs, upstream_seed):
+    """The output and every input's gradient of fn(*inputs) with one kernel set."""
+    with mt.using_kernels(kernel_set):
+        for x in inputs:
+            if isinstance(x, Tensor):
+                x.grad = None
+        mt.manual_seed(0)  # dropout draws from the global generator
+        out = fn(*inputs)
+        upstream = np.random.default_rng(upstream_seed).standard_normal(out.shape).astype(out.dtype)
+        out.backward(mt.tensor(upstream))
+        grads = [x.grad.copy() if isinstance(x, Tensor) and x.grad is not None else None for x in inputs]
+    return out.data.copy(), grads
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("function, case", CASES)
+def test_both_kernel_sets_agree(function, case, dtype):
+    tolerance = FLOAT64 if dtype == np.float64 else FLOAT32
+    for seed in range(3):
+        fn, inputs, *_ = case(RandomDraw(seed))
+        inputs = [as_dtype(x, dtype) for x in inputs]
+        readable_out, readable_grads = run("readable", fn, inputs, seed)
+        fast_out, fast_grads = run("fast", fn, inputs, seed)
+        assert readable_out.dtype == fast_out.dtype
+        scale = max(1.0, float(np.abs(readable_out).max(initial=0)))
+        np.testing.assert_allclose(fast_out, readable_out, rtol=tolerance["rtol"], atol=tolerance["atol"] * scale)
+        for index, (readable, fast) in enumerate(zip(readable_grads, fast_grads)):
+            assert (readable is None) == (fast is None), f"input {index}: a gradient in one set only"
+            if readable is not None:
+                scale = max(1.0, float(np.abs(readable).max(initial=0)))
+                np.testing.assert_allclose(
+                    fast, readable, rtol=tolerance["rtol"], atol=tolerance["atol"] * scale,
+                    err_msg=f"{function.__name__}: gradient of input {index}, seed {seed}",
+                )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------- the switch
+
+
+def test_the_switch_and_its_errors():
+    before = mt.get_kernels()
+    with mt.using_kernels("readable"):
+        assert mt.get_kernels() == "readable"
+    assert mt.get_kernels() == before
+    with pytest.raises(ValueError, match=r"set_kernels: unknown kernel set 'turbo'; expected one of \('readable', 'fast'\)"):
+        mt.set_kernels("turbo")
+    assert mt.get_kernels() == before
+
+
+def test_the_environment_variable_chooses_the_default():
+    for name in ("readable", "fast") if not numba.config.DISABLE_JIT else ("readable",):
+        code = "import microtensor as mt; print(mt.get_kernels())"
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=dict(os.environ, MICROTENSOR_KERNELS=name), capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == name
+    bad = subprocess.run(
+        [sys.executable, "-c", "import microtensor as mt; mt.functional.softmax(mt.ones(3))"],
+        env=dict(os.environ, MICROTENSOR_KERNELS="turbo"), capture_output=True, text=True,
+    )  # fmt: skip
+    assert "the environment variable MICROTENSOR_KERNELS: unknown kernel set 'turbo'" in bad.stderr
+
+
+def test_without_the_jit_the_readable_set_is_the_only_one():
+    code = textwrap.dedent(
+        """
+        import microtensor as mt
+        print(mt.get_kernels())
+        try:
+            mt.set_kernels("fast")
+        except ValueError as error:
+            print(error)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ, NUMBA_DISABLE_JIT="1"), capture_output=True, text=True, check=True
+    )
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "readable"
+    assert "the fast kernels need Numba's compiler, and NUMBA_DISABLE_JIT=1 is set" in lines[1]
+
+
+def test_set_matmul_is_an_alias_that_says_so():
+    before = mt.get_kernels()
+    try:
+        with pytest.warns(DeprecationWarning, match=r'set_matmul\("numba"\) is now set_kernels\("readable"\)'):
+            mt.set_matmul("numba")
+        assert mt.get_kernels() == "readable"
+    finally:
+        mt.set_kernels(before)
+
+
+# --------------------------------------------------------------------------------- no stale code
+
+
+EDITED_HELPER_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import microtensor as mt
+import microtensor.functional as F
+assert mt.__file__.startswith(sys.argv[1]), mt.__file__  # the copy, not the checkout
+x = mt.tensor(np.array([[0.0, 1.0, 2.0]], dtype=np.float32))
+with mt.using_kernels(sys.argv[2]):
+    print(repr(float(F.softmax(x, dim=-1).numpy().sum())), repr(float(F.gelu(x).numpy()[0, 2])))
+"""
+
+
+def run_copy(folder, kernel_set):
+    out = subprocess.run(
+        [sys.executable, "-c", EDITED_HELPER_SCRIPT, str(folder), kernel_set],
+        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+    )  # fmt: skip
+    return out.stdout.split()
+
+
+def edit(path, old, new):
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer holds {old!r}: update this test"
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.slow
+@needs_jit
+def test_an_edited_helper_in_another_file_is_seen_on_the_next_run(tmp_path):
+    """A fast kernel calls e^t from fast/vector_math.py; doubling it there must change softmax and
+    GELU on the next run, although neither kernel's own file changed (Numba's own cache would keep
+    the old kernels). The readable set must keep giving the right values."""
+    shutil.copytree(ROOT / "microtensor", tmp_path / "microtensor", ignore=shutil.ignore_patterns("__pycache__"))
+    before = run_copy(tmp_path, "fast")
+    assert run_copy(tmp_path, "fast") == before  # the second run loads the cached kernels
+    assert abs(float(before[0]) - 1) < 1e-6
+    vector_math = tmp_path / "microtensor" / "fast" / "vector_math.py"
+    edit(vector_math, "    return times_two_to_the(exp_taylor(r), k)", "    return 2 * times_two_to_the(exp_taylor(r), k)")
+    after = run_copy(tmp_path, "fast")
+    assert after != before and abs(float(after[0]) - 1) < 1e-6  # softmax's sum still 1 (the 2 cancels)...
+    assert float(after[1]) != float(before[1])  # ...but GELU's tanh, built from e^t, changed
+    readable = run_copy(tmp_path, "readable")
+    assert abs(float(readable[1]) - float(before[1])) < 1e-6
+
+
+@pytest.mark.slow
+@needs_jit
+def test_an_edited_readable_kernel_is_seen_on_the_next_run(tmp_path):
+    shutil.copytree(ROOT / "microtensor", tmp_path / "microtensor", ignore=shutil.ignore_patterns("__pycache__"))
+    before = run_copy(tmp_path, "readable")
+    assert abs(float(before[0]) - 1) < 1e-6
+    checks = tmp_path / "microtensor" / "ops" / "checks.py"  # a file no kernel lives in
+    edit(checks, '"""Input checks', '"""(edited) Input checks')
+    assert run_copy(tmp_path, "readable") == before  # recompiled, same values
+    gelu = tmp_path / "microtensor" / "ops" / "gelu.py"
+    edit(gelu, "        y[i] = half * x[i] * (one + np.tanh(u))", "        y[i] = x[i] * (one + np.tanh(u))")
+    after = run_copy(tmp_path, "readable")
+    assert after[0] == before[0] and float(after[1]) == pytest.approx(2 * float(before[1]), rel=1e-6)
+
+
+# --------------------------------------------------------------------------------- no side effects
+
+
+SIDE_EFFECTS_SCRIPT = """
+import ctypes, glob, json, os, sys
+import numpy as np
+
+def blas_threads():
+    here = os.path.dirname(np.__file__)
+    for path in glob.glob(os.path.join(here, "../numpy.libs/*openblas*")) + glob.glob(os.path.join(here, ".libs/*openblas*")):
+        library = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads"):
+            if hasattr(library, name):
+                return getattr(library, name)()
+    return None
+
+def state():
+    return {"environ": dict(os.environ), "blas_threads": blas_threads()}
+
+before = state()
+import microtensor as mt
+import microtensor.functional as F
+after_import = state()
+x = mt.randn(64, 96, requires_grad=True)
+w = mt.randn(96, 128, requires_grad=True)
+qkv = mt.randn(2, 8, 3 * 16, requires_grad=True)
+loss = F.softmax(x @ w, dim=-1).sum() + F.multi_head_attention(qkv, 2).sum()
+loss.backward()
+after_use = state()
+print(json.dumps([before, after_import, after_use, mt.get_kernels()]))
+"""
+
+
+def test_importing_and_using_microtensor_changes_nothing_outside_it():
+    import json
+
+    out = subprocess.run([sys.executable, "-c", SIDE_EFFECTS_SCRIPT], capture_output=True, text=True, check=True)
+    before, after_import, after_use, kernel_set = json.loads(out.stdout)
+    assert after_import["environ"] == before["environ"]
+    assert after_use["environ"] == before["environ"]
+    assert after_import["blas_threads"] == before["blas_threads"]
+    assert after_use["blas_threads"] == before["blas_threads"]
+    assert kernel_set == ("readable" if numba.config.DISABLE_JIT else "fast")
+
+
+def test_microtensor_may_be_imported_after_numpy_or_before():
+    for order in ("import numpy, microtensor", "import microtensor, numpy"):
+        subprocess.run([sys.executable, "-c", f"{order}; microtensor.randn(3, 3).sum()"], check=True)
+
+
+# --------------------------------------------------------------------------------- float32 stays float32
+
+
+def compiled_kernels():
+    """Every kernel of both sets that the package defines (Numba dispatchers), by qualified name."""
+    import importlib
+    import pkgutil
+
+    import microtensor.fast  # noqa: F401
+
+    found = {}
+    for module_info in pkgutil.walk_packages(mt.__path__, "microtensor."):
+        if module_info.name == "microtensor.demo":
+            continue
+        module = importlib.import_module(module_info.name)
+        for name, value in vars(module).items():
+            if isinstance(value, numba.core.registry.CPUDispatcher) and value.py_func.__module__ == module.__name__:
+                found[f"{module.__name__}.{name}"] = value
+    return found
+
+
+@needs_jit
+def test_float32_kernels_do_their_arithmetic_in_float32():
+    """A Python number literal (`1 + x`, `0.5 * x`) can make a float32 kernel compute in float64.
+    Run a float32 GPT step and generation in both sets, then compile again every kernel that was
+    called with float32 arrays, for those argument types, and look at the types Numba inferred for
+    its variables and arithmetic."""
+    from models.gpt import GPT, GPTConfig
+
+    for kernel_set in ("readable", "fast"):
+        with mt.using_kernels(kernel_set):
+            for options in (dict(), dict(norm="rmsnorm", mlp="swiglu", pos="rope", tie_weights=False, bias=True)):
+                mt.manual_seed(0)
+                model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, **options))
+                optimizer = mt.optim.AdamW(model.parameters(), lr=1e-3)
+                idx = mt.tensor(np.arange(12).reshape(2, 6) % 11)
+                _, loss = model(idx, idx)
+                loss.backward()
+                optimizer.step()
+                model.generate(idx[:1, :3], 4, temperature=0)
+                import microtensor.functional as F
+
+                x = mt.randn(3, 5, requires_grad=True)
+                (F.gelu(x, approximate="none") + F.silu(x) + F.log_softmax(x, dim=-1)).sum().backward()
+    promoted, checked = {}, 0
+    for name, dispatcher in compiled_kernels().items():
+        for signature in dispatcher.signatures:
+            if not any(isinstance(t, numba.types.Array) and t.dtype == numba.float32 for t in signature):
+                continue
+            fresh = numba.njit(dispatcher.py_func)  # a compilation of our own, with type annotations
+            fresh.compile(signature)
+            checked += 1
+            typemap = fresh.overloads[signature].type_annotation.typemap
+            names = [n for n, t in typemap.items() if t == numba.float64 and (not n.startswith("$") or n.startswith("$binop"))]
+            if names:
+                promoted[name] = names
+    assert checked >= 20, f"only {checked} float32 kernels were found: is the search still right?"
+    assert not promoted, f"float64 arithmetic in float32 kernels: {promoted}"
