@@ -3,20 +3,30 @@
     python generate.py                                  # from out/ckpt.npz
     python generate.py --prompt "ROMEO:" --temperature 0.8 --top-k 40 --num-samples 2
     python generate.py --kernels readable               # every token through the modules' readable kernels
+
+As train.py, it ends in one line saying what is wrong, never in a traceback: flags are checked
+first, then the checkpoint (models/checkpoint.py refuses a truncated or corrupted file by name),
+then the prompt against the model's vocabulary. Ctrl-C or SIGTERM stop the sampling at once.
 """
 import argparse
+import contextlib
+import math
+import os
+import signal
 import sys
 import time
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 
 import microtensor as mt
 import microtensor.fast.process
+from microtensor.errors import MicrotensorError
 from models import checkpoint
 from models.data import CharTokenizer, DataError
 from models.gpt import GPT, GPTConfig
-from train import add_kernels_argument
+from train import FlagError, Interrupted, add_kernels_argument, signal_name, signals_handled_by
 
 console = Console()
 
@@ -36,30 +46,68 @@ def build_parser():
     return p
 
 
+def check_args(args):
+    """Every flag, before the checkpoint is read; raises FlagError for the first that cannot work."""
+
+    def need(ok, name, expected):
+        if not ok:
+            given = getattr(args, name)
+            raise FlagError(name, repr(given) if isinstance(given, str) else given, expected)
+
+    need(args.max_new_tokens >= 0, "max_new_tokens", "an integer >= 0")
+    need(args.num_samples >= 1, "num_samples", "an integer >= 1")
+    need(args.seed >= 0, "seed", "an integer >= 0")
+    need(math.isfinite(args.temperature) and args.temperature >= 0, "temperature", "a finite number >= 0 (0: always the most likely)")
+    need(args.top_k is None or args.top_k >= 1, "top_k", "an integer >= 1")
+    need(args.top_p is None or 0 < args.top_p <= 1, "top_p", "a number in (0, 1]")  # nan fails it
+    need(args.prompt != "", "prompt", "at least one character")
+
+
 def main(argv=None):
+    """The program: returns its exit code (0; 1 for an error; 130 or 143 after Ctrl-C or SIGTERM;
+    argparse exits with 2 for a flag it cannot parse)."""
     args = build_parser().parse_args(argv)
-    microtensor.fast.process.tune_for_training()
-    with mt.using_kernels(args.kernels):
-        return generate_samples(args)
+
+    def stop_at_once(signum, frame):
+        raise Interrupted(signum)
+
+    try:
+        with signals_handled_by(stop_at_once):
+            check_args(args)
+            microtensor.fast.process.tune_for_training()
+            with mt.using_kernels(args.kernels):
+                return generate_samples(args)
+    except MicrotensorError as error:  # FlagError, CheckpointError, DataError, a model's own check
+        console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        return 1
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        console.print(f"[bold red]stopped:[/] {signal_name(signum)}", highlight=False)
+        return 128 + signum
+    except BrokenPipeError:  # the reader went away (generate.py | head): stop quietly, as Unix tools do
+        _silence_stdout()
+        return 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1
+
+
+def _silence_stdout():
+    """Point stdout at /dev/null, so that Python's final flush does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (e.g. output captured in-process)
+        pass
 
 
 def generate_samples(args):
+    model_state, _, meta = checkpoint.load(args.out_dir)  # CheckpointError: names the file and what is wrong
+    tokenizer = CharTokenizer(meta["vocab"])
     try:
-        model_state, _, meta = checkpoint.load(args.out_dir)
-        tokenizer = CharTokenizer(meta["vocab"])
         prompt = tokenizer.encode(args.prompt)
-        if len(prompt) == 0:
-            raise DataError("--prompt is empty; give at least one character")
-        if args.max_new_tokens < 0 or args.num_samples < 1:
-            raise DataError("--max-new-tokens must be >= 0 and --num-samples >= 1")
     except DataError as error:
-        console.print(f"[bold red]error:[/] prompt: {error}" if "vocabulary" in str(error) else f"[bold red]error:[/] {error}", highlight=False)
-        return 1
-    except checkpoint.CheckpointError as error:
-        console.print(f"[bold red]error:[/] {error}", highlight=False)
-        return 1
-    model = GPT(GPTConfig(**meta["config"]))
-    model.load_state_dict(model_state)
+        raise FlagError("prompt", repr(args.prompt), f"characters of the model's vocabulary ({error})") from None
+    # The checkpoint's dtype (float64 after `models.convert --dtype float64`) is the model's.
+    model = GPT(GPTConfig(**meta["config"]), dtype=getattr(mt, str(next(iter(model_state.values())).dtype)))
+    model.load_state_dict(model_state)  # checkpoint.load checked every name and shape
     generated, seconds = 0, 0.0
     for sample in range(args.num_samples):
         console.rule(f"sample {sample + 1}")
@@ -74,9 +122,10 @@ def generate_samples(args):
                 sys.stdout.write(tokenizer.decode(token))
                 sys.stdout.flush()
                 generated += 1
-        except ValueError as error:
-            console.print(f"\n[bold red]error:[/] {error}", highlight=False)
-            return 1
+        except BaseException:  # Ctrl-C, a model's error: end the sample's line before the message
+            with contextlib.suppress(OSError):
+                sys.stdout.write("\n")
+            raise
         seconds += time.perf_counter() - start
         sys.stdout.write("\n")
     mode = "without" if args.no_kv_cache else "with"

@@ -16,10 +16,14 @@ functions), `nn.py` (modules), `optim.py` (optimizers), `gradcheck.py` (finite d
 Importing microtensor changes nothing outside it: no environment variable, no thread count, no
 allocator setting (see `fast/process.py` for the settings a training program may ask for).
 """
+import math
+
 import numpy as np
 
 # tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
 from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip
+from .tensor import as_dtype as _as_dtype, check_flag as _check_flag
+from .errors import GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, ThreadingError
 from . import functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
 from .gradcheck import GradcheckError, gradcheck, gradcheck_case
@@ -36,7 +40,7 @@ def set_matmul(backend):
     set_kernels("readable") and set_matmul("blas") is set_kernels("fast"); this alias says so."""
     choices = {"numba": "readable", "blas": "fast"}
     if backend not in choices:
-        raise ValueError(f"set_matmul: unknown backend {backend!r}; expected 'blas' or 'numba' (use set_kernels instead)")
+        raise InputError(f"set_matmul: unknown backend {backend!r}; expected 'blas' or 'numba' (use set_kernels instead)")
     import warnings
 
     warnings.warn(
@@ -48,55 +52,109 @@ def set_matmul(backend):
 
 
 def tensor(data, dtype=None, requires_grad=False):
-    """A new leaf tensor holding a copy of `data` (Python floats become float32; numpy arrays keep their dtype)."""
+    """A new leaf tensor holding a copy of `data` (Python floats become float32; numpy arrays keep
+    their dtype). A conversion that would change a value is refused: floats to an integer dtype,
+    integers that do not fit the dtype, numbers to bool, values too large for float32."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
 
 
-def _float_dtype(dtype):
-    dtype = get_default_dtype() if dtype is None else np.dtype(dtype)
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"expected dtype float32 or float64, got {dtype}")
-    return dtype
+def _float_dtype(where, dtype):
+    return get_default_dtype() if dtype is None else _as_dtype(where, dtype, floats_only=True)
 
 
-def _shape(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+def _shape(where, shape):
+    """The sizes given as zeros(2, 3) or zeros((2, 3)), checked: ints (numpy's too), none negative."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    for n in shape:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)):
+            raise InputTypeError(f"{where}: sizes must be ints, got {n!r} ({type(n).__name__}) in {shape}")
+        if n < 0:
+            raise InputError(f"{where}: sizes must be >= 0, got {n} in {shape}")
+    return tuple(int(n) for n in shape)
+
+
+def _allocate(where, make, shape, dtype):
+    """make(shape, dtype), with numpy's refusal of an impossible size reported as ours."""
+    try:
+        return make(shape, dtype)
+    except (ValueError, MemoryError) as error:
+        raise InputError(f"{where}: cannot allocate a tensor of shape {shape} and dtype {dtype}: {error}") from None
+
+
+def _generator(where, generator):
+    if generator is None:
+        return get_generator()
+    if not isinstance(generator, np.random.Generator):
+        raise InputTypeError(f"{where}: generator must be a numpy Generator (np.random.default_rng(seed)), got {type(generator).__name__}")
+    return generator
+
+
+def _leaf(where, values, requires_grad):
+    return Tensor._from_array(values, _check_flag(where, "requires_grad", requires_grad))
 
 
 def zeros(*shape, dtype=None, requires_grad=False):
-    return Tensor(np.zeros(_shape(shape), dtype=_float_dtype(dtype)), requires_grad=requires_grad)
+    shape, dtype = _shape("zeros", shape), _float_dtype("zeros", dtype)
+    return _leaf("zeros", _allocate("zeros", np.zeros, shape, dtype), requires_grad)
 
 
 def ones(*shape, dtype=None, requires_grad=False):
-    return Tensor(np.ones(_shape(shape), dtype=_float_dtype(dtype)), requires_grad=requires_grad)
+    shape, dtype = _shape("ones", shape), _float_dtype("ones", dtype)
+    return _leaf("ones", _allocate("ones", np.ones, shape, dtype), requires_grad)
+
+
+def _like(where, x, fill, requires_grad):
+    if not isinstance(x, Tensor):
+        raise InputTypeError(f"{where}: expected a Tensor, got {type(x).__name__}")
+    if _check_flag(where, "requires_grad", requires_grad) and x.dtype not in FLOAT_DTYPES:
+        raise InputTypeError(f"{where}: only float tensors can require gradients, got {x.dtype}")
+    return Tensor._from_array(np.full(x.shape, fill, dtype=x.dtype), requires_grad)
 
 
 def zeros_like(x, requires_grad=False):
-    return Tensor(np.zeros_like(x.data), requires_grad=requires_grad)
+    return _like("zeros_like", x, 0, requires_grad)
 
 
 def ones_like(x, requires_grad=False):
-    return Tensor(np.ones_like(x.data), requires_grad=requires_grad)
+    return _like("ones_like", x, 1, requires_grad)
 
 
 def randn(*shape, dtype=None, requires_grad=False, generator=None):
     """Standard normal values from `generator` (default: the global one, seeded by manual_seed)."""
-    generator = get_generator() if generator is None else generator
-    values = generator.standard_normal(_shape(shape), dtype=_float_dtype(dtype))
-    return Tensor(values, requires_grad=requires_grad)
+    shape, dtype, generator = _shape("randn", shape), _float_dtype("randn", dtype), _generator("randn", generator)
+    values = _allocate("randn", lambda shape, dtype: generator.standard_normal(shape, dtype=dtype), shape, dtype)
+    return _leaf("randn", values, requires_grad)
 
 
 def rand(*shape, dtype=None, requires_grad=False, generator=None):
     """Uniform values in [0, 1)."""
-    generator = get_generator() if generator is None else generator
-    values = generator.random(_shape(shape), dtype=_float_dtype(dtype))
-    return Tensor(values, requires_grad=requires_grad)
+    shape, dtype, generator = _shape("rand", shape), _float_dtype("rand", dtype), _generator("rand", generator)
+    values = _allocate("rand", lambda shape, dtype: generator.random(shape, dtype=dtype), shape, dtype)
+    return _leaf("rand", values, requires_grad)
+
+
+MAX_ARANGE_LENGTH = 2**31  # more is a slip (a stop of 1e18), not a tensor anyone can hold
 
 
 def arange(start, stop=None, step=1, dtype=None):
     """Like numpy's arange: integers give an int64 tensor, floats the default float dtype."""
     if stop is None:
         start, stop = 0, start
-    if dtype is None and all(isinstance(v, (int, np.integer)) for v in (start, stop, step)):
-        dtype = int64
-    return Tensor(np.arange(start, stop, step, dtype=np.dtype(dtype) if dtype is not None else get_default_dtype()))
+    for name, value in (("start", start), ("stop", stop), ("step", step)):
+        if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+            raise InputTypeError(f"arange: {name} must be a number, got {value!r} ({type(value).__name__})")
+        if not math.isfinite(value):
+            raise InputError(f"arange: {name} must be finite, got {value}")
+    if step == 0:
+        raise InputError("arange: step must not be 0")
+    integers = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+    if dtype is None:
+        dtype = int64 if integers else get_default_dtype()
+    dtype = _as_dtype("arange", dtype)
+    if dtype.kind == "b" or (dtype.kind in "iu" and not integers):
+        raise InputTypeError(f"arange: {dtype} values need int start, stop and step, got {start!r}, {stop!r}, {step!r}")
+    length = math.ceil((stop - start) / step)
+    if length > MAX_ARANGE_LENGTH:
+        raise InputError(f"arange: {start} to {stop} in steps of {step} is {length} values, more than {MAX_ARANGE_LENGTH}")
+    return Tensor._from_array(np.arange(start, stop, step, dtype=dtype))

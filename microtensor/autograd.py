@@ -18,11 +18,34 @@ Rules for a Function's author:
 - It must never modify `grad_out` in place: the same array may be handed to several ops.
 - Each returned gradient has exactly the shape and dtype of its input; the walk checks this and names
   the Function when it does not, so a broadcasting or dtype slip is caught where it happens.
+
+Arrays changed in place. `save_for_backward` keeps arrays, not copies, so a change to an input's
+values between forward and backward would make backward compute the gradient at values the forward
+never saw. Every Tensor counts the in-place changes of its memory in `._version`, a counter its
+views share (see tensor.py); `apply` notes the version of each input (a tuple of ints, nothing
+more, when a graph is recorded), and before the walk calls an op's backward it checks that no input
+whose array the op saved, and not the op's output either, has changed since. An input the op did
+not save (Add keeps nothing) may change freely: its gradient does not depend on its values.
+
+Processes made by fork(). Numba runs parallel kernels on a pool of threads from its threading layer;
+the default on Linux is GNU OpenMP, whose threads do not survive fork(): in a child process forked
+after a parallel kernel has run, the next parallel kernel kills the child (and a multiprocessing
+pool whose workers were forked waits for them forever). `apply` notices a new process id (one
+os.getpid() per op) and, when the parent had started GNU OpenMP's threads, raises ThreadingError in
+the child, naming the ways out, before any kernel runs: the exception reaches a pool's parent, which
+then fails with that message instead of hanging. The ways out: start the workers with
+multiprocessing's "spawn" or "forkserver" method, or choose a threading layer that survives fork
+before the first parallel kernel runs (NUMBA_THREADING_LAYER=tbb, with the tbb package where Numba
+finds it, or =workqueue). microtensor does not choose the layer itself: it is a setting of the whole
+process, shared with every other user of Numba in it.
 """
+import os
+
 import numpy as np
 
+from .errors import GraphError, InputError, InputTypeError, ThreadingError
 from .kernels import active
-from .tensor import Tensor
+from .tensor import Tensor, check_flag, describe
 
 _grad_enabled = True
 
@@ -66,12 +89,37 @@ class Context:
         self.inputs = inputs  # the positional arguments of apply, Tensors or not
         self.needs_input_grad = needs_input_grad  # one bool per input
         self.requires_grad = requires_grad
+        self.versions = ()  # each Tensor input's _version when forward ran (None for other inputs)
         self.saved_tensors = ()
         self.freed = False
 
     def save_for_backward(self, *arrays):
+        """Keep `arrays` (inputs, views of inputs, or arrays forward made) for backward. Before
+        backward runs, the walk checks that no Tensor input sharing memory with one of them has
+        changed in place since forward (the versions noted by `apply`)."""
         if self.requires_grad:
             self.saved_tensors = arrays
+
+    def _shares_memory_with_saved(self, array):
+        return any(isinstance(saved, np.ndarray) and np.may_share_memory(saved, array) for saved in self.saved_tensors)
+
+    def check_versions(self, output):
+        """Raise if an array this context saved belongs to a tensor (an input, or `output`, the
+        tensor the op made) whose values changed in place after the forward."""
+        op = self.function.__name__
+        for index, (inp, version) in enumerate(zip(self.inputs, self.versions)):
+            if version is not None and inp._version != version and self._shares_memory_with_saved(inp._data):
+                raise GraphError(
+                    f"backward: input {index} of {op} (shape {inp.shape}) was modified in place after forward "
+                    f"(its version went from {version} to {inp._version}), and {op} saved its values for backward; "
+                    "the gradient would be computed at values the forward never saw. Change it after "
+                    "backward, or compute the forward again after the change"
+                )
+        if output._version != 0 and self._shares_memory_with_saved(output._data):
+            raise GraphError(
+                f"backward: the output of {op} (shape {output.shape}) was modified in place after forward, "
+                f"and {op} saved it for backward; change a copy instead (e.g. y = y * 1.0 first)"
+            )
 
 
 class Function:
@@ -90,12 +138,59 @@ class Function:
         needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         requires_grad = _grad_enabled and any(needs_input_grad)
         ctx = Context(cls, args, needs_input_grad, requires_grad)
-        arrays = [a.data if isinstance(a, Tensor) else a for a in args]
+        if requires_grad:
+            ctx.versions = tuple(a._version_counter[0] if isinstance(a, Tensor) else None for a in args)
+        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        if os.getpid() != _process_id:
+            _check_forked_process()
         out = cls.forward(ctx, *arrays, **kwargs)
+        if type(out) is not np.ndarray:
+            out = _as_output_array(cls, out)
         result = Tensor._from_array(out, requires_grad)
         if requires_grad:
             result._ctx = ctx
         return result
+
+
+_process_id = os.getpid()  # the process the ops last ran in
+
+
+def gnu_openmp_started():
+    """True when this process's parallel kernels run on GNU OpenMP and its threads have started
+    (from this process or, copied by fork(), from its parent)."""
+    import numba
+
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet: the layer is not chosen
+        return False
+    if layer != "omp":
+        return False
+    from numba.np.ufunc import omppool  # already loaded: the layer in use
+
+    return getattr(omppool, "openmp_vendor", "GNU") == "GNU"
+
+
+def _check_forked_process():
+    """Run once per new process id: refuse to go on in a child forked after GNU OpenMP's threads started."""
+    global _process_id
+    if gnu_openmp_started():
+        raise ThreadingError(
+            "microtensor cannot run its parallel kernels in this process: it was made by fork() from a "
+            "process whose kernels had already started GNU OpenMP's threads, which do not survive fork() "
+            "(the kernel would kill this process). Start worker processes with multiprocessing's 'spawn' "
+            "or 'forkserver' method (multiprocessing.get_context('spawn')), or choose a threading layer "
+            "that survives fork before the first kernel runs: NUMBA_THREADING_LAYER=workqueue, or =tbb "
+            "with the tbb package installed where Numba finds it"
+        )
+    _process_id = os.getpid()
+
+
+def _as_output_array(function, out):
+    """A forward's result as an ndarray: numpy reductions return scalars (np.float32) for 0-d results."""
+    if isinstance(out, (np.ndarray, np.generic)):
+        return np.asarray(out)
+    raise GraphError(f"{function.__name__}.forward returned {describe(out)}; a forward must return a numpy array")
 
 
 def unbroadcast(grad, shape):
@@ -107,7 +202,10 @@ def unbroadcast(grad, shape):
     """
     if grad.shape == shape:
         return grad
+    shape = tuple(shape)
     leading = grad.ndim - len(shape)
+    if leading < 0 or any(n != 1 and n != m for n, m in zip(shape, grad.shape[leading:])):
+        raise InputError(f"unbroadcast: a gradient of shape {grad.shape} cannot come from broadcasting shape {shape}")
     axes = tuple(range(leading)) + tuple(
         leading + i for i, n in enumerate(shape) if n == 1 and grad.shape[leading + i] != 1
     )
@@ -154,27 +252,39 @@ def _accumulate_into_grad(tensor, grad):
         tensor.grad += grad
 
 
-def backward(root, grad=None, retain_graph=False):
-    """Fill `.grad` of every leaf tensor that `root` depends on with d(root)/d(leaf) contracted with `grad`."""
-    if not root.requires_grad:
-        raise RuntimeError(
-            "backward: this tensor does not require a gradient (no input of the ops that made it "
-            "had requires_grad=True, or it was computed under no_grad())"
-        )
+def _root_gradient(root, grad):
+    """The gradient the walk starts from: ones for a scalar root, else `grad` as an array of the
+    root's shape and dtype (a Tensor, a numpy array, or a number for a one-element root)."""
     if grad is None:
-        if root.data.size != 1:
-            raise RuntimeError(
+        if root._data.size != 1:
+            raise GraphError(
                 f"backward: a gradient must be given for a non-scalar output of shape {root.shape}; "
                 "call .backward(grad) with an array of that shape, or reduce the output first (e.g. .sum())"
             )
-        grad = np.ones_like(root.data)
-    else:
-        grad = grad.data if isinstance(grad, Tensor) else np.asarray(grad)
-        if grad.shape != root.data.shape or grad.dtype != root.data.dtype:
-            raise ValueError(
-                f"backward: the gradient has shape {grad.shape} and dtype {grad.dtype}, "
-                f"but the output has shape {root.shape} and dtype {root.dtype}"
-            )
+        return np.ones_like(root._data)
+    if isinstance(grad, Tensor):
+        grad = grad._data
+    elif isinstance(grad, (int, float, np.integer, np.floating)) and not isinstance(grad, (bool, np.bool_)):
+        grad = np.asarray(grad, dtype=root.dtype)
+    if not isinstance(grad, np.ndarray):
+        raise InputTypeError(f"backward: the gradient must be a Tensor or a numpy array, got {describe(grad)}")
+    if grad.shape != root._data.shape or grad.dtype != root._data.dtype:
+        raise InputError(
+            f"backward: the gradient has shape {grad.shape} and dtype {grad.dtype}, "
+            f"but the output has shape {root.shape} and dtype {root.dtype}"
+        )
+    return grad
+
+
+def backward(root, grad=None, retain_graph=False):
+    """Fill `.grad` of every leaf tensor that `root` depends on with d(root)/d(leaf) contracted with `grad`."""
+    retain_graph = check_flag("backward", "retain_graph", retain_graph)
+    if not root.requires_grad:
+        raise GraphError(
+            "backward: this tensor does not require a gradient (no input of the ops that made it "
+            "had requires_grad=True, or it was computed under no_grad())"
+        )
+    grad = _root_gradient(root, grad)
 
     grads = {id(root): grad}  # gradients that have reached a tensor, not yet passed on
     for tensor in reversed(topological_order(root)):
@@ -188,22 +298,27 @@ def backward(root, grad=None, retain_graph=False):
             continue
         op = ctx.function.__name__
         if ctx.freed:
-            raise RuntimeError(
+            raise GraphError(
                 f"backward: trying to go through {op} a second time, but its saved arrays were freed "
                 "by the first backward; call backward(retain_graph=True) the first time"
             )
+        ctx.check_versions(tensor)
         input_grads = ctx.function.backward(ctx, grad_out)
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
         if len(input_grads) != len(ctx.inputs):
-            raise RuntimeError(
+            raise GraphError(
                 f"{op}.backward returned {len(input_grads)} gradients, but forward took {len(ctx.inputs)} inputs"
             )
         for inp, needs_grad, input_grad in zip(ctx.inputs, ctx.needs_input_grad, input_grads):
             if not needs_grad or input_grad is None:
                 continue
-            if input_grad.shape != inp.data.shape or input_grad.dtype != inp.data.dtype:
-                raise RuntimeError(
+            if type(input_grad) is not np.ndarray:
+                if not isinstance(input_grad, (np.ndarray, np.generic)):
+                    raise GraphError(f"{op}.backward returned {describe(input_grad)} as a gradient; expected a numpy array")
+                input_grad = np.asarray(input_grad)  # numpy arithmetic on 0-d arrays gives scalars
+            if input_grad.shape != inp._data.shape or input_grad.dtype != inp._data.dtype:
+                raise GraphError(
                     f"{op}.backward returned a gradient of shape {input_grad.shape} and dtype "
                     f"{input_grad.dtype} for an input of shape {inp.shape} and dtype {inp.dtype}"
                 )

@@ -1,6 +1,8 @@
 """The functional API: `import microtensor.functional as F`.
 
 Every function here is defined, with its math and its backward, in one file of `microtensor/ops/`.
+Each checks its arguments before any kernel sees them (ops/checks.py) and raises a
+`microtensor.MicrotensorError` that names the function, what was given and what was expected.
 """
 from .ops.elementwise import add, cast, div, exp, log, mul, neg, pow, relu, sigmoid, sqrt, sub, tanh
 from .ops.matmul import matmul

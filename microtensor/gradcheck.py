@@ -17,13 +17,17 @@ to check and its inputs, and optionally a dict of gradcheck options where a case
 change them (written beside the case). `tests/test_gradcheck_cases.py` runs every case and fails if any Function
 in the package has none.
 """
+import math
+
 import numpy as np
 
-from .tensor import FLOAT_DTYPES, Tensor, float64
+from .errors import InputError, InputTypeError, MicrotensorError
+from .tensor import FLOAT_DTYPES, Tensor, check_flag, describe, float64
 
 
-class GradcheckError(AssertionError):
-    """A gradient that disagrees with finite differences; the message says where and by how much."""
+class GradcheckError(MicrotensorError, AssertionError):
+    """A gradient that disagrees with finite differences; the message says where and by how much.
+    (An AssertionError too, so that a failed check in a test reads as a failed assertion.)"""
 
     def __init__(self, message, input_index=None, element_index=None, analytic=None, numeric=None):
         super().__init__(message)
@@ -48,22 +52,29 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
     seed: for the random upstream gradient (and the sampled elements).
     max_elements: check at most this many randomly chosen elements of each input (for big inputs).
     Returns True, or raises GradcheckError naming the input, the worst element, both values and the error
-    (returns False instead when raise_exception=False).
+    (returns False instead when raise_exception=False). A NaN on either side (backward's or the finite
+    differences') is a failure: it agrees with nothing.
     """
+    eps, atol, rtol, seed, max_elements = _check_options(fn, eps, atol, rtol, seed, max_elements)
+    raise_exception = check_flag("gradcheck", "raise_exception", raise_exception)
+    if isinstance(inputs, Tensor) or not hasattr(inputs, "__iter__"):
+        raise InputTypeError(f"gradcheck: inputs must be a list or tuple of Tensors (and other arguments), got {describe(inputs)}")
     inputs = tuple(inputs)
     checked = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
     if not checked:
-        raise ValueError("gradcheck: no input has requires_grad=True, so there is nothing to check")
+        raise InputError("gradcheck: no input has requires_grad=True, so there is nothing to check")
     for i in checked:
         x = inputs[i]
         if x.dtype != float64:
-            raise TypeError(
+            raise InputTypeError(
                 f"gradcheck: input {i} (shape {x.shape}) is {x.dtype}; finite differences need float64 "
                 "(use x.double() or make it with dtype=float64)"
             )
         if not np.all(np.isfinite(x.data)):
             bad = tuple(int(j) for j in np.argwhere(~np.isfinite(x.data))[0])
-            raise ValueError(f"gradcheck: input {i} (shape {x.shape}) holds {x.data[bad]} at index {bad}")
+            raise InputError(f"gradcheck: input {i} (shape {x.shape}) holds {x.data[bad]} at index {bad}")
+        if not x.data.flags.writeable:
+            raise InputError(f"gradcheck: input {i} (shape {x.shape}) is read-only; finite differences change its values one at a time")
 
     rng = np.random.default_rng(seed)
     for x in inputs:
@@ -71,11 +82,13 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
             x.grad = None
     out = fn(*inputs)
     if not isinstance(out, Tensor):
-        raise TypeError(f"gradcheck: fn must return a Tensor, got {type(out).__name__}")
-    if out.dtype not in FLOAT_DTYPES or not np.all(np.isfinite(out.data)):
-        raise ValueError(f"gradcheck: fn returned a {out.dtype} output of shape {out.shape} with non-finite values")
+        raise InputTypeError(f"gradcheck: fn must return a Tensor, got {describe(out)}")
+    if out.dtype not in FLOAT_DTYPES:
+        raise InputTypeError(f"gradcheck: fn returned a {out.dtype} output of shape {out.shape}; expected float64")
+    if not np.all(np.isfinite(out.data)):
+        raise InputError(f"gradcheck: fn returned an output of shape {out.shape} with non-finite values (nan or inf)")
     if not out.requires_grad:
-        raise ValueError("gradcheck: the output does not depend on any input that requires a gradient")
+        raise InputError("gradcheck: the output does not depend on any input that requires a gradient")
     upstream = rng.standard_normal(out.shape).astype(out.dtype)
     out.backward(upstream)
 
@@ -99,9 +112,12 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
             numeric = (plus - minus) / (2 * eps)
             analytic = float(analytic_grad[index])
             error = abs(analytic - numeric)
-            ratio = error / (atol + rtol * abs(numeric))
-            if not np.isfinite(ratio):
-                ratio = np.inf
+            allowed = atol + rtol * abs(numeric)
+            # error / allowed, how far past the tolerance; inf when either side is NaN or inf, or when
+            # nothing is allowed (atol = rtol = 0) and the two differ at all
+            ratio = error / allowed if allowed > 0 else (0.0 if error == 0 else math.inf)
+            if not math.isfinite(ratio):
+                ratio = math.inf
             if worst is None or ratio > worst[0]:
                 worst = (ratio, tuple(int(j) for j in index), analytic, numeric)
         if worst is not None and worst[0] > 1:
@@ -112,10 +128,27 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
                 f"(error {abs(analytic - numeric):.3g}, allowed {atol + rtol * abs(numeric):.3g} = "
                 f"atol {atol:g} + rtol {rtol:g} * |numeric|)"
             )
+            if math.isnan(analytic) or math.isnan(numeric):
+                side = "backward" if math.isnan(analytic) else "the finite differences"
+                message += f"; {side} gave NaN (not a number), which agrees with nothing"
             if raise_exception:
                 raise GradcheckError(message, i, index, analytic, numeric)
             return False
     return True
+
+
+def _check_options(fn, eps, atol, rtol, seed, max_elements):
+    from .ops.checks import check_int, check_real  # here: the ops import this module
+
+    if not callable(fn):
+        raise InputTypeError(f"gradcheck: fn must be callable (a function of the inputs), got {describe(fn)}")
+    eps = check_real("gradcheck", "eps", eps, low=0, low_open=True)
+    atol = check_real("gradcheck", "atol", atol, low=0)
+    rtol = check_real("gradcheck", "rtol", rtol, low=0)
+    seed = check_int("gradcheck", "seed", seed, low=0)
+    if max_elements is not None:
+        max_elements = check_int("gradcheck", "max_elements", max_elements, low=1)
+    return eps, atol, rtol, seed, max_elements
 
 
 # --------------------------------------------------------------------------------- the registry
@@ -126,7 +159,14 @@ GRADCHECK_CASES = {}  # Function subclass -> list of case functions
 def gradcheck_case(*functions):
     """Register a case that checks the given Function classes: `case(draw) -> (fn, inputs[, options])`."""
 
+    from .autograd import Function  # here: autograd imports the tensor module, which imports the ops
+
+    if not functions or not all(isinstance(f, type) and issubclass(f, Function) for f in functions):
+        raise InputTypeError(f"gradcheck_case: expected Function subclasses, got {', '.join(describe(f) for f in functions) or 'none'}")
+
     def register(case):
+        if not callable(case):
+            raise InputTypeError(f"gradcheck_case: the case must be a function of a draw, got {describe(case)}")
         for function in functions:
             GRADCHECK_CASES.setdefault(function, []).append(case)
         return case

@@ -35,6 +35,8 @@ from pathlib import Path
 import numba
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
+from .errors import InputError
+
 KERNEL_SETS = ("readable", "fast")
 ENVIRONMENT_VARIABLE = "MICROTENSOR_KERNELS"
 
@@ -50,9 +52,9 @@ _chosen = None  # the kernel set in use; None until first asked for
 
 def _check_name(where, name):
     if name not in KERNEL_SETS:
-        raise ValueError(f"{where}: unknown kernel set {name!r}; expected one of {KERNEL_SETS}")
+        raise InputError(f"{where}: unknown kernel set {name!r}; expected one of {KERNEL_SETS}")
     if name == "fast" and numba.config.DISABLE_JIT:
-        raise ValueError(
+        raise InputError(
             f"{where}: the fast kernels need Numba's compiler, and NUMBA_DISABLE_JIT=1 is set; "
             "use the readable kernels (they are the ones to step through in a debugger)"
         )
@@ -130,8 +132,10 @@ def kernel(function=None, *, parallel=False, fastmath=False, tag=""):
         if numba.config.DISABLE_JIT:
             return function
         dispatcher = numba.njit(parallel=parallel, fastmath=fastmath, error_model="numpy")(function)
-        options = repr((parallel, sorted(fastmath) if isinstance(fastmath, (set, frozenset)) else fastmath, tag))
-        dispatcher._cache = SourceKeyedCache(function, tag, options)  # what cache=True would do, with our key
+        # NUMBA_BOUNDSCHECK=1 compiles index checks into every kernel: a kernel of its own, cached apart
+        options = repr((parallel, sorted(fastmath) if isinstance(fastmath, (set, frozenset)) else fastmath, tag, numba.config.BOUNDSCHECK))
+        file_tag = tag + ("-boundscheck" if numba.config.BOUNDSCHECK else "")  # both kinds stay cached
+        dispatcher._cache = SourceKeyedCache(function, file_tag, options)  # what cache=True would do, with our key
         return dispatcher
 
     return compile_ if function is None else compile_(function)

@@ -28,13 +28,22 @@ a float64 model built after the same seed hold the same weights (up to rounding)
 a float32 model's gradients against a float64 one.
 """
 import difflib
+import math
 from collections import namedtuple
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import functional as F
+from .errors import InputError, InputIndexError, InputTypeError
 from .random import get_generator
 from .tensor import FLOAT_DTYPES, Tensor, float32
+
+
+class StateDictError(InputError, RuntimeError):
+    """A state dict that does not fit the module or optimizer it is loaded into (names, shapes,
+    dtypes, values). An InputError, and a RuntimeError as well, which is what `load_state_dict`
+    raised before microtensor had its own errors (and what PyTorch raises)."""
 
 
 class Parameter(Tensor):
@@ -55,10 +64,48 @@ class Parameter(Tensor):
 
 
 def _float_dtype(module, dtype):
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise InputTypeError(f"{module}: dtype must be float32 or float64, got {dtype!r}") from None
     if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{module}: dtype must be float32 or float64, got {dtype}")
+        raise InputTypeError(f"{module}: dtype must be float32 or float64, got {dtype}")
     return dtype
+
+
+def _positive_int(module, name, value):
+    """`value` as an int >= 1 (a size: features, rows, a normalized dim), or an error naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputTypeError(f"{module}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise InputError(f"{module}: {name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _flag(module, name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(f"{module}: {name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _norm_eps(module, eps):
+    """A norm's epsilon: finite and > 0, since it alone keeps a constant row from dividing by zero."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
+        raise InputTypeError(f"{module}: eps must be a number, got {type(eps).__name__} {eps!r}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise InputError(f"{module}: eps must be > 0 and finite, got {eps}")
+    return float(eps)
+
+
+def _check_input(module, x, last_dim, dtype):
+    """A layer's input: a Tensor of the layer's dtype whose last dim is `last_dim`; the error names
+    the layer (its repr), which the op's own error, deeper down, could not."""
+    if not isinstance(x, Tensor):
+        raise InputTypeError(f"{module!r}: expected a Tensor input, got {type(x).__name__}; wrap it with mt.tensor(...)")
+    if x.ndim == 0 or x.shape[-1] != last_dim:
+        raise InputError(f"{module!r}: expected an input whose last dim is {last_dim}, got shape {x.shape}")
+    if x.dtype != dtype:
+        raise InputTypeError(f"{module!r}: expected a {dtype} input (the layer's dtype), got {x.dtype}; cast one with .to()")
 
 
 # What load_state_dict(strict=False) returns: the names it could not fill, and the names it ignored.
@@ -109,13 +156,13 @@ class Module:
         elif name in params or name in modules:
             if value is not None:
                 kind = "Parameter" if name in params else "Module"
-                raise TypeError(
+                raise InputTypeError(
                     f"{type(self).__name__}.{name} is a registered {kind}; assign a {kind} or None to it, "
                     f"not a {type(value).__name__}"
                 )
             (params if name in params else modules)[name] = None  # e.g. bias=False: skipped everywhere
         elif isinstance(value, Tensor) and value.requires_grad and value.is_leaf:
-            raise TypeError(
+            raise InputTypeError(
                 f"{type(self).__name__}.{name}: a Tensor that requires a gradient would not be registered, "
                 f"so no optimizer would update it; wrap it in nn.Parameter(...) (or .detach() it)"
             )
@@ -194,8 +241,9 @@ class Module:
     # ----------------------------------------------------------------------------- modes, grads, dtype
     def train(self, mode=True):
         """Set `.training` on this module and every module below it (Dropout reads it). Returns self."""
+        mode = _flag(f"{type(self).__name__}.train", "mode", mode)
         for module in self.modules():
-            object.__setattr__(module, "training", bool(mode))
+            object.__setattr__(module, "training", mode)
         return self
 
     def eval(self):
@@ -224,10 +272,14 @@ class Module:
     def load_state_dict(self, state_dict, strict=True):
         """Copy the arrays of `state_dict` into the Parameters with the same names, in place.
 
-        Every name, shape and dtype is checked before anything is copied, and one error lists every
-        problem: missing and unexpected names (only when `strict`), and mismatched shapes or dtypes
-        (always). Returns `LoadResult(missing_keys, unexpected_keys)`.
+        Every name, shape and dtype is checked before anything is copied, and one error (a
+        StateDictError) lists every problem: missing and unexpected names (only when `strict`), and
+        mismatched shapes or dtypes (always). Returns `LoadResult(missing_keys, unexpected_keys)`.
         """
+        where = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise InputTypeError(f"{where}: expected a dict of arrays (from state_dict()), got {type(state_dict).__name__}")
+        strict = _flag(where, "strict", strict)
         params = dict(self.named_parameters())
         missing = [name for name in params if name not in state_dict]
         unexpected = [name for name in state_dict if name not in params]
@@ -252,9 +304,7 @@ class Module:
         if mismatched:
             problems.append("mismatched shapes or dtypes:\n    " + "\n    ".join(mismatched))
         if problems:
-            raise RuntimeError(
-                f"{type(self).__name__}.load_state_dict: nothing was loaded, because of\n  " + "\n  ".join(problems)
-            )
+            raise StateDictError(f"{where}: nothing was loaded, because of\n  " + "\n  ".join(problems))
         for name, array in arrays.items():
             np.copyto(params[name].data, array)
         return LoadResult(missing, unexpected)
@@ -282,7 +332,7 @@ class ModuleList(Module):
 
     def append(self, module):
         if not isinstance(module, Module):
-            raise TypeError(f"ModuleList: expected a Module, got {type(module).__name__}")
+            raise InputTypeError(f"ModuleList: expected a Module, got {type(module).__name__}")
         setattr(self, str(len(self)), module)
         return self
 
@@ -300,14 +350,16 @@ class ModuleList(Module):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return ModuleList(list(self._modules.values())[index])
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+            raise InputTypeError(f"ModuleList: an index must be an int or a slice, got {type(index).__name__}")
         if not -len(self) <= index < len(self):
-            raise IndexError(f"ModuleList: index {index} is out of range for a list of {len(self)} modules")
+            raise InputIndexError(f"ModuleList: index {index} is out of range for a list of {len(self)} modules")
         return self._modules[str(index % len(self))]
 
     def __setitem__(self, index, module):
         self[index]  # the same range check as reading
         if not isinstance(module, Module):
-            raise TypeError(f"ModuleList: expected a Module, got {type(module).__name__}")
+            raise InputTypeError(f"ModuleList: expected a Module, got {type(module).__name__}")
         setattr(self, str(index % len(self)), module)
 
 
@@ -323,7 +375,7 @@ class ModuleDict(Module):
         if not isinstance(name, str) or not name or "." in name:
             raise KeyError(f"ModuleDict: keys must be non-empty strings without '.', got {name!r}")
         if not isinstance(module, Module):
-            raise TypeError(f"ModuleDict: expected a Module for key {name!r}, got {type(module).__name__}")
+            raise InputTypeError(f"ModuleDict: expected a Module for key {name!r}, got {type(module).__name__}")
         setattr(self, name, module)
 
     def __getitem__(self, name):
@@ -362,6 +414,9 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, dtype=float32):
         super().__init__()
         dtype = _float_dtype("Linear", dtype)
+        in_features = _positive_int("Linear", "in_features", in_features)
+        out_features = _positive_int("Linear", "out_features", out_features)
+        bias = _flag("Linear", "bias", bias)
         self.in_features, self.out_features = in_features, out_features
         bound = 1.0 / np.sqrt(in_features)
         generator = get_generator()
@@ -372,6 +427,7 @@ class Linear(Module):
             self.bias = None
 
     def forward(self, x):
+        _check_input(self, x, self.weight.shape[0], self.weight.dtype)
         y = F.matmul(x, self.weight)  # (..., in) @ (in, out) -> (..., out)
         return y if self.bias is None else y + self.bias
 
@@ -385,10 +441,20 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, dtype=float32):
         super().__init__()
         dtype = _float_dtype("Embedding", dtype)
+        num_embeddings = _positive_int("Embedding", "num_embeddings", num_embeddings)
+        embedding_dim = _positive_int("Embedding", "embedding_dim", embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = Parameter(get_generator().standard_normal((num_embeddings, embedding_dim)).astype(dtype))
 
     def forward(self, ids):
+        if not isinstance(ids, Tensor):
+            raise InputTypeError(f"{self!r}: expected a Tensor of ids, got {type(ids).__name__}; wrap it with mt.tensor(...)")
+        if ids.dtype.kind not in "iu":
+            raise InputTypeError(f"{self!r}: ids must be integers, got {ids.dtype} of shape {ids.shape}")
+        rows = self.weight.shape[0]
+        if ids.data.size and (ids.data.min() < 0 or ids.data.max() >= rows):
+            bad = ids.data[(ids.data < 0) | (ids.data >= rows)].flat[0]
+            raise InputError(f"{self!r}: id {bad} is out of range; ids must be in [0, {rows})")
         return F.embedding(ids, self.weight)  # (...) int -> (..., embedding_dim)
 
     def extra_repr(self):
@@ -402,11 +468,14 @@ class LayerNorm(Module):
     def __init__(self, dim, eps=1e-5, bias=True, dtype=float32):
         super().__init__()
         dtype = _float_dtype("LayerNorm", dtype)
+        dim, eps = _positive_int("LayerNorm", "dim", dim), _norm_eps("LayerNorm", eps)
+        bias = _flag("LayerNorm", "bias", bias)
         self.dim, self.eps = dim, eps
         self.weight = Parameter(np.ones(dim, dtype=dtype))
         self.bias = Parameter(np.zeros(dim, dtype=dtype)) if bias else None
 
     def forward(self, x):
+        _check_input(self, x, self.weight.shape[0], self.weight.dtype)
         return F.layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
@@ -419,10 +488,12 @@ class RMSNorm(Module):
     def __init__(self, dim, eps=1e-5, dtype=float32):
         super().__init__()
         dtype = _float_dtype("RMSNorm", dtype)
+        dim, eps = _positive_int("RMSNorm", "dim", dim), _norm_eps("RMSNorm", eps)
         self.dim, self.eps = dim, eps
         self.weight = Parameter(np.ones(dim, dtype=dtype))
 
     def forward(self, x):
+        _check_input(self, x, self.weight.shape[0], self.weight.dtype)
         return F.rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self):
@@ -435,11 +506,15 @@ class Dropout(Module):
 
     def __init__(self, p=0.5):
         super().__init__()
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
+            raise InputTypeError(f"Dropout: p must be a number, got {type(p).__name__} {p!r}")
         if not 0 <= p < 1:
-            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
-        self.p = p
+            raise InputError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p = float(p)
 
     def forward(self, x):
+        if not isinstance(x, Tensor):
+            raise InputTypeError(f"{self!r}: expected a Tensor input, got {type(x).__name__}; wrap it with mt.tensor(...)")
         return F.dropout(x, self.p, self.training)
 
     def extra_repr(self):

@@ -23,10 +23,13 @@ The kernels divide with numpy's rules (kernels.kernel's error_model="numpy": a d
 gives inf or nan instead of raising), which also leaves the loop free of checks, so that it vectorizes.
 """
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
+from .errors import InputError, InputTypeError
 from .kernels import active, kernel
+from .nn import StateDictError
 from .tensor import FLOAT_DTYPES, Tensor
 
 # ================================================================================= kernels
@@ -75,6 +78,59 @@ def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, l2, bia
         param[i] -= lr * (m_hat / (np.sqrt(v_hat) + eps) + weight_decay * param[i])
 
 
+# ================================================================================= checks
+
+
+def _real(value):
+    """`value` as a Python float if it is a real number (a bool is not), else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    return float(value)
+
+
+def _count(value):
+    """`value` as a Python int if it is an integer (a bool is not), else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return None
+    return int(value)
+
+
+# What each hyperparameter may be, as (test on a float, the words of the error). A learning rate
+# of inf or nan, a beta of 1 or more (the running means would never forget, or grow without
+# bound), or an eps of 0 (a division by zero where v is 0) would each turn the weights into
+# nan or inf a few steps later, far from the mistake: they are refused where they are set.
+HYPERPARAMETER_RULES = {
+    "lr": (lambda x: math.isfinite(x) and x >= 0, "must be >= 0 and finite"),
+    "weight_decay": (lambda x: math.isfinite(x) and x >= 0, "must be >= 0 and finite"),
+    "momentum": (lambda x: 0 <= x < 1, "must be in [0, 1)"),
+    "eps": (lambda x: math.isfinite(x) and x > 0, "must be > 0 and finite"),
+}
+
+
+def _hyperparameter_problem(key, value):
+    """What is wrong with `value` as hyperparameter `key`: (the error's class, a sentence), or None."""
+    if key == "betas":
+        pair = None
+        if isinstance(value, (tuple, list, np.ndarray)) and np.shape(value) == (2,):
+            pair = [_real(x) for x in value]
+        if pair is None or None in pair:
+            return InputTypeError, f"betas must be a pair of numbers (beta1, beta2), got {value!r}"
+        if not all(0 <= beta < 1 for beta in pair):
+            return InputError, f"betas must be in [0, 1), got {tuple(pair)}"
+        return None
+    if key == "name":
+        return None if isinstance(value, str) else (InputTypeError, f"name must be a str, got {type(value).__name__}")
+    if key not in HYPERPARAMETER_RULES:
+        return None  # a key the user added to a group after construction (say a schedule's note)
+    rule, words = HYPERPARAMETER_RULES[key]
+    number = _real(value)
+    if number is None:
+        return InputTypeError, f"{key} must be a number, got {type(value).__name__} {value!r}"
+    if not rule(number):
+        return InputError, f"{key} {words}, got {value}"
+    return None
+
+
 # ================================================================================= optimizers
 
 
@@ -83,6 +139,13 @@ class Optimizer:
 
     A subclass passes its hyperparameters' values (the defaults of every group) to `__init__`, sets
     `state_names` (what `state[param]` holds), and writes `_new_state(param)` and `step()`.
+
+    Every hyperparameter is checked where it enters: in the constructor, for each param group, in
+    `load_state_dict`, and at each `step()` (a schedule sets `group["lr"]` between steps). Each
+    `step()` also checks, before any kernel runs and before any weight changes, that every
+    Parameter's `.grad` is an array of the Parameter's shape and dtype, and that the state kept for
+    it still fits `.data`: the kernels index without bounds checks, so a mismatch would read or
+    write outside an array.
     """
 
     state_names = ()
@@ -90,49 +153,71 @@ class Optimizer:
     def __init__(self, params, defaults):
         name = type(self).__name__
         if isinstance(params, Tensor) or hasattr(params, "named_parameters"):
-            raise TypeError(f"{name}: expected a list of Parameters, e.g. model.parameters(), got {type(params).__name__}")
-        params = list(params)
+            raise InputTypeError(
+                f"{name}: expected a list of Parameters, e.g. model.parameters(), got {type(params).__name__}"
+            )
+        if isinstance(params, (Mapping, str)):
+            raise InputTypeError(
+                f"{name}: expected a list of Parameters or a list of param-group dicts, got a {type(params).__name__}"
+                + ("; put a single param group in a list: [group]" if isinstance(params, Mapping) else "")
+            )
+        try:
+            params = list(params)
+        except TypeError:
+            raise InputTypeError(
+                f"{name}: expected a list of Parameters, e.g. model.parameters(), got {type(params).__name__}"
+            ) from None
         if not params:
-            raise ValueError(f"{name}: got an empty list of parameters")
+            raise InputError(f"{name}: got an empty list of parameters")
+        for key, value in defaults.items():
+            self._raise_if_bad(f"{name}", key, value)
         self.defaults = defaults
         groups = params if isinstance(params[0], dict) else [{"params": params}]
         self.param_groups = []
         seen = set()
         for index, group in enumerate(groups):
             if not isinstance(group, dict):
-                raise TypeError(f"{name}: pass either a list of Parameters or a list of param-group dicts, not a mix")
+                raise InputTypeError(f"{name}: pass either a list of Parameters or a list of param-group dicts, not a mix")
             unknown = [key for key in group if key not in self.defaults and key not in ("params", "name")]
             if unknown:
-                raise ValueError(
+                raise InputError(
                     f"{name}: param group {index} has unknown keys {unknown}; "
                     f"the known keys are: params, name, {', '.join(self.defaults)}"
                 )
             if "params" not in group:
-                raise ValueError(f"{name}: param group {index} has no 'params' key")
-            group = {**self.defaults, **group, "params": list(group["params"])}
+                raise InputError(f"{name}: param group {index} has no 'params' key")
+            group_params = group["params"]
+            # A single Parameter as a group's params is one Parameter (as in PyTorch), not its rows.
+            group_params = [group_params] if isinstance(group_params, Tensor) else list(group_params)
+            group = {**self.defaults, **group, "params": group_params}
             if "betas" in group:
-                group["betas"] = tuple(group["betas"])
+                self._raise_if_bad(f"{name}: param group {index}", "betas", group["betas"])
+                group["betas"] = tuple(float(beta) for beta in group["betas"])
             for param in group["params"]:
                 if not isinstance(param, Tensor) or not param.requires_grad or param.dtype not in FLOAT_DTYPES:
-                    raise TypeError(
+                    raise InputTypeError(
                         f"{name}: param group {index} holds a {type(param).__name__} that is not a float "
                         "Tensor requiring a gradient (expected Parameters, e.g. from model.parameters())"
                     )
                 if id(param) in seen:
-                    raise ValueError(f"{name}: a Parameter of shape {param.shape} appears twice in the param groups")
+                    raise InputError(f"{name}: a Parameter of shape {param.shape} appears twice in the param groups")
                 seen.add(id(param))
-            self._check_hyperparameters(group)
+            self._check_group(index, group, name)
             self.param_groups.append(group)
         self.state = {}  # Parameter -> {state name: value}; Tensors hash by identity
 
-    def _check_hyperparameters(self, group):
-        for key in ("lr", "weight_decay", "eps", "momentum"):
-            if key in group and not group[key] >= 0:
-                raise ValueError(f"{type(self).__name__}: {key} must be >= 0, got {group[key]}")
-        if "betas" in group:
-            beta1, beta2 = group["betas"]
-            if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
-                raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {group['betas']}")
+    @staticmethod
+    def _raise_if_bad(where, key, value):
+        problem = _hyperparameter_problem(key, value)
+        if problem is not None:
+            error_class, sentence = problem
+            raise error_class(f"{where}: {sentence}")
+
+    def _check_group(self, index, group, where):
+        """Raise if a hyperparameter of param group `index` is not allowed (see HYPERPARAMETER_RULES)."""
+        for key, value in group.items():
+            if key != "params":
+                self._raise_if_bad(f"{where}: param group {index}", key, value)
 
     def _params(self):
         """Every Parameter, in group order: position i here is `param.{i}` in the state dict."""
@@ -148,6 +233,42 @@ class Optimizer:
         if state is None:
             state = self.state[param] = self._new_state(param)
         return state
+
+    # ----------------------------------------------------------------------------- one step
+    def _updates(self):
+        """Check everything a step will touch, before anything changes; return the work to do:
+        (group, param, data, grad, state) for every Parameter with a gradient, with data and grad
+        C-contiguous arrays of the same shape and dtype, and state arrays of that shape and dtype."""
+        name = f"{type(self).__name__}.step"
+        updates = []
+        position = 0  # the Parameter's place in _params(): `param.{position}` in the state dict
+        for index, group in enumerate(self.param_groups):
+            self._check_group(index, group, name)
+            for param in group["params"]:
+                where = f"{name}: parameter {position} (param group {index}, shape {param.shape})"
+                position += 1
+                if param.grad is None:
+                    continue
+                data, grad = param.data, param.grad
+                if not isinstance(data, np.ndarray) or data.dtype not in FLOAT_DTYPES:
+                    raise InputTypeError(f"{where}: .data must be a float32 or float64 array, got {type(data).__name__} {getattr(data, 'dtype', '')}")
+                if not isinstance(grad, np.ndarray):
+                    raise InputTypeError(f"{where}: .grad must be a numpy array like .data, got {type(grad).__name__}")
+                if grad.shape != data.shape:
+                    raise InputError(f"{where}: .grad has shape {grad.shape}, expected the shape of .data, {data.shape}")
+                if grad.dtype != data.dtype:
+                    raise InputTypeError(f"{where}: .grad has dtype {grad.dtype}, expected the dtype of .data, {data.dtype}")
+                state = self.state.get(param)
+                for key, value in (state or {}).items():
+                    if isinstance(value, np.ndarray) and (value.shape != data.shape or value.dtype != data.dtype):
+                        raise InputError(
+                            f"{where}: .data is now {data.shape} {data.dtype}, but the optimizer's state "
+                            f"'{key}' was made for {value.shape} {value.dtype} at an earlier step: param.data "
+                            "was replaced by an array of another shape or dtype. Build a new optimizer "
+                            "after changing a Parameter's shape or dtype (e.g. after model.to(dtype))"
+                        )
+                updates.append((group, param, _contiguous_data(param), np.ascontiguousarray(grad), self._state(param)))
+        return updates
 
     # ----------------------------------------------------------------------------- saving and loading
     def state_dict(self):
@@ -170,20 +291,28 @@ class Optimizer:
         return out
 
     def load_state_dict(self, state_dict):
-        """Restore a `state_dict()` (also after np.savez / np.load). The groups must hold the same
-        number of Parameters with the same shapes and dtypes; everything is checked before anything
-        changes, and one error lists every problem."""
+        """Restore a `state_dict()` (also after np.savez / np.load).
+
+        Checked before anything changes, with one error (a StateDictError) that lists every problem:
+        the keys (missing, unexpected), the number of Parameters in each group, each hyperparameter
+        (the same rules as the constructor's: a NaN learning rate or betas of (2, 2) are refused),
+        and each Parameter's state (its step an integer >= 0; its arrays of the Parameter's shape and
+        dtype, finite, and Adam's v >= 0, since its square root is taken).
+        """
         name = type(self).__name__
+        if not isinstance(state_dict, Mapping):
+            raise InputTypeError(f"{name}.load_state_dict: expected a dict (from state_dict()), got {type(state_dict).__name__}")
         params = self._params()
         problems, used = [], set()
         groups = []
         for g, group in enumerate(self.param_groups):
             count_key = f"group.{g}.num_params"
             used.add(count_key)
+            count = _count(np.asarray(state_dict[count_key])[()]) if count_key in state_dict else None
             if count_key not in state_dict:
                 problems.append(f"missing {count_key}")
-            elif int(state_dict[count_key]) != len(group["params"]):
-                problems.append(f"group {g} holds {len(group['params'])} params, the state dict {int(state_dict[count_key])}")
+            elif count != len(group["params"]):
+                problems.append(f"group {g} holds {len(group['params'])} params, the state dict {state_dict[count_key]!r}")
             values = {}
             for key, current in group.items():
                 full_key = f"group.{g}.{key}"
@@ -193,13 +322,22 @@ class Optimizer:
                 if full_key not in state_dict:
                     problems.append(f"missing {full_key}")
                     continue
-                value = state_dict[full_key]
-                if isinstance(current, tuple):  # betas
-                    values[key] = tuple(float(x) for x in np.asarray(value))
-                elif isinstance(current, str):  # a group's optional "name"
-                    values[key] = str(value)
+                array = np.asarray(state_dict[full_key])
+                if key == "betas":
+                    value = tuple(array.tolist()) if array.shape == (2,) else state_dict[full_key]
+                elif key == "name":
+                    value = str(array[()]) if array.shape == () and array.dtype.kind in "US" else state_dict[full_key]
                 else:
-                    values[key] = float(value)
+                    value = array[()] if array.shape == () else state_dict[full_key]
+                problem = _hyperparameter_problem(key, value)
+                if problem is not None:
+                    problems.append(f"{full_key}: {problem[1]}")
+                    continue
+                if key == "betas":
+                    value = tuple(float(x) for x in value)
+                elif key in HYPERPARAMETER_RULES:
+                    value = float(value)
+                values[key] = value
             groups.append(values)
         states = {}
         for i, param in enumerate(params):
@@ -215,22 +353,24 @@ class Optimizer:
                 used.add(full_key)
                 value = np.asarray(state_dict[full_key])
                 if key == "step":
-                    if value.shape != () or value.dtype.kind not in "iu":
-                        problems.append(f"{full_key} must be an integer, got {value.dtype} of shape {value.shape}")
+                    if value.shape != () or value.dtype.kind not in "iu" or value < 0:
+                        problems.append(f"{full_key} must be an integer >= 0, got {value.dtype} {value!r} of shape {value.shape}")
                     else:
                         state[key] = int(value)
                 elif value.shape != param.shape or value.dtype != param.dtype:
                     problems.append(
                         f"{full_key} has shape {value.shape} {value.dtype}, the Parameter {param.shape} {param.dtype}"
                     )
+                elif not np.all(np.isfinite(value)) or (key == "v" and not np.all(value >= 0)):
+                    problems.append(f"{full_key} holds " + ("a negative value" if np.all(np.isfinite(value)) else "an inf or a nan"))
                 else:
                     state[key] = np.array(value, order="C", copy=True)
             states[param] = state
         unexpected = [key for key in state_dict if key not in used]
         if unexpected:
-            problems.append(f"unexpected keys: {', '.join(unexpected)}")
+            problems.append(f"unexpected keys: {', '.join(map(str, unexpected))}")
         if problems:
-            raise RuntimeError(f"{name}.load_state_dict: nothing was loaded, because of\n  " + "\n  ".join(problems))
+            raise StateDictError(f"{name}.load_state_dict: nothing was loaded, because of\n  " + "\n  ".join(problems))
         for group, values in zip(self.param_groups, groups):
             group.update(values)
         self.state = states
@@ -249,8 +389,15 @@ def _contiguous_data(param):
     return param.data
 
 
+def _changed_in_place(param):
+    """Tell the engine that param.data's values changed in place (its version counter), so that a
+    backward through a graph that saved the old values is refused instead of using the new ones."""
+    param._bump_version()
+
+
 class SGD(Optimizer):
-    """Stochastic gradient descent with momentum and L2 weight decay (see `sgd_update`)."""
+    """Stochastic gradient descent with momentum and L2 weight decay (see `sgd_update`).
+    lr >= 0, momentum in [0, 1), weight_decay >= 0, all finite."""
 
     state_names = ("momentum_buffer",)
 
@@ -261,55 +408,48 @@ class SGD(Optimizer):
         return {"momentum_buffer": np.zeros(param.shape, dtype=param.dtype)}
 
     def step(self):
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                data = _contiguous_data(param)
-                real = data.dtype.type  # np.float32 or np.float64: the scalars' dtype
-                buffer = self._state(param)["momentum_buffer"]
-                grad = np.ascontiguousarray(param.grad)
-                active(sgd_update)(
-                    _flat(data), _flat(grad), _flat(buffer),
-                    real(group["lr"]), real(group["momentum"]), real(group["weight_decay"]),
-                )  # fmt: skip
+        for group, param, data, grad, state in self._updates():
+            real = data.dtype.type  # np.float32 or np.float64: the scalars' dtype
+            active(sgd_update)(
+                _flat(data), _flat(grad), _flat(state["momentum_buffer"]),
+                real(group["lr"]), real(group["momentum"]), real(group["weight_decay"]),
+            )  # fmt: skip
+            _changed_in_place(param)
 
 
 class Adam(Optimizer):
     """Adam (Kingma and Ba, 2014) with bias correction; weight_decay adds weight_decay * param to the
-    gradient (an L2 penalty, as PyTorch's Adam does). For decoupled weight decay use AdamW."""
+    gradient (an L2 penalty, as PyTorch's Adam does). For decoupled weight decay use AdamW.
+    lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, all finite."""
 
     state_names = ("step", "m", "v")
     decoupled_weight_decay = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        self._raise_if_bad(type(self).__name__, "betas", betas)
+        defaults["betas"] = tuple(float(beta) for beta in betas)
         super().__init__(params, defaults)
 
     def _new_state(self, param):
         return {"step": 0, "m": np.zeros(param.shape, dtype=param.dtype), "v": np.zeros(param.shape, dtype=param.dtype)}
 
     def step(self):
-        for group in self.param_groups:
+        for group, param, data, grad, state in self._updates():
             beta1, beta2 = group["betas"]
             if self.decoupled_weight_decay:
                 weight_decay, l2 = group["weight_decay"], 0.0
             else:
                 weight_decay, l2 = 0.0, group["weight_decay"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                data = _contiguous_data(param)
-                real = data.dtype.type  # np.float32 or np.float64: the scalars' dtype
-                state = self._state(param)
-                state["step"] += 1
-                t = state["step"]
-                grad = np.ascontiguousarray(param.grad)
-                active(adamw_update)(
-                    _flat(data), _flat(grad), _flat(state["m"]), _flat(state["v"]),
-                    real(group["lr"]), real(beta1), real(beta2), real(group["eps"]),
-                    real(weight_decay), real(l2), real(1 - beta1**t), real(1 - beta2**t),
-                )  # fmt: skip
+            real = data.dtype.type  # np.float32 or np.float64: the scalars' dtype
+            state["step"] += 1
+            t = state["step"]
+            active(adamw_update)(
+                _flat(data), _flat(grad), _flat(state["m"]), _flat(state["v"]),
+                real(group["lr"]), real(beta1), real(beta2), real(group["eps"]),
+                real(weight_decay), real(l2), real(1 - beta1**t), real(1 - beta2**t),
+            )  # fmt: skip
+            _changed_in_place(param)
 
 
 class AdamW(Adam):
@@ -329,9 +469,17 @@ def weight_decay_groups(params, weight_decay):
 
         AdamW(weight_decay_groups(model, 0.1), lr=1e-3)
     """
+    problem = _hyperparameter_problem("weight_decay", weight_decay)
+    if problem is not None:
+        raise problem[0](f"weight_decay_groups: {problem[1]}")
     if hasattr(params, "parameters"):
         params = params.parameters()
+    if isinstance(params, Tensor):
+        params = [params]
     params = list(params)
+    for param in params:
+        if not hasattr(param, "ndim"):  # any array-like parameter will do (a torch one too)
+            raise InputTypeError(f"weight_decay_groups: expected a Module or its parameters(), got a {type(param).__name__} among them")
     return [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
@@ -341,28 +489,74 @@ def weight_decay_groups(params, weight_decay):
 # ================================================================================= clipping and schedule
 
 
-def clip_grad_norm(params, max_norm):
+def clip_grad_norm(params, max_norm, error_if_nonfinite=False):
     """Scale all gradients, in place, so that their global L2 norm is at most `max_norm`.
 
         total_norm = sqrt(sum over every gradient array g of sum(g * g))
         if total_norm > max_norm: every g *= max_norm / (total_norm + 1e-6)
 
-    Parameters without a gradient are skipped. Returns total_norm before clipping (a Python float),
-    worth logging: spikes show instabilities. A non-finite norm is returned and nothing is scaled.
+    `params` is an iterable of Parameters (e.g. model.parameters()) or a single Tensor, which counts
+    as one parameter (as in PyTorch; iterating it would give its rows). Parameters without a gradient
+    are skipped. max_norm must be finite and > 0: a negative one would flip every gradient's sign,
+    and 0 would erase them. Returns total_norm before clipping (a Python float), worth logging:
+    spikes show instabilities.
+
+    A non-finite total norm (inf or nan) means some gradient holds an inf or a nan, which no scaling
+    repairs. By default (error_if_nonfinite=False, PyTorch's default too) the gradients are then left
+    as they are and the norm is returned, for the caller to see and skip the step or stop (PyTorch
+    would multiply every gradient by nan instead); with error_if_nonfinite=True it is an InputError.
     """
+    if isinstance(params, Tensor):
+        params = [params]
+    elif hasattr(params, "named_parameters"):
+        raise InputTypeError(f"clip_grad_norm: expected Parameters, e.g. model.parameters(), got the {type(params).__name__} itself")
+    norm = _real(max_norm)
+    if norm is None:
+        raise InputTypeError(f"clip_grad_norm: max_norm must be a number, got {type(max_norm).__name__} {max_norm!r}")
+    if not (math.isfinite(norm) and norm > 0):
+        raise InputError(f"clip_grad_norm: max_norm must be > 0 and finite, got {max_norm}")
+    if not isinstance(error_if_nonfinite, (bool, np.bool_)):
+        raise InputTypeError(f"clip_grad_norm: error_if_nonfinite must be True or False, got {error_if_nonfinite!r}")
+    try:
+        params = list(params)
+    except TypeError:
+        raise InputTypeError(f"clip_grad_norm: expected Parameters, e.g. model.parameters(), got {type(params).__name__}") from None
     grads = []
     for param in params:
         if not isinstance(param, Tensor):
-            raise TypeError(f"clip_grad_norm: expected Parameters (e.g. model.parameters()), got {type(param).__name__}")
-        if param.grad is not None:
-            grads.append(param.grad)
-    # np.vdot of an array with itself is its sum of squares, in one BLAS call and no temporary.
-    total_norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
-    scale = max_norm / (total_norm + 1e-6)
+            raise InputTypeError(f"clip_grad_norm: expected Parameters (e.g. model.parameters()), got {type(param).__name__}")
+        if param.grad is None:
+            continue
+        if not isinstance(param.grad, np.ndarray) or param.grad.dtype not in FLOAT_DTYPES:
+            raise InputTypeError(
+                f"clip_grad_norm: a Parameter of shape {param.shape} has a .grad that is not a float32 or "
+                f"float64 array: {type(param.grad).__name__} {getattr(param.grad, 'dtype', '')}"
+            )
+        grads.append(param.grad)
+    total_norm = math.sqrt(sum(_sum_of_squares(g) for g in grads))
+    if not math.isfinite(total_norm):
+        if error_if_nonfinite:
+            raise InputError(
+                f"clip_grad_norm: the total norm of the gradients is {total_norm}: a gradient holds an inf "
+                "or a nan (error_if_nonfinite=True; with False the gradients are left as they are)"
+            )
+        return total_norm
+    scale = norm / (total_norm + 1e-6)
     if scale < 1.0:
         for g in grads:
             g *= scale  # in place keeps the dtype (float32 stays float32)
     return total_norm
+
+
+def _sum_of_squares(g):
+    """sum(g * g) as a Python float. np.vdot of an array with itself is its sum of squares, in one
+    BLAS call and no temporary; in float32 it overflows to inf once the sum passes ~3e38, so an inf
+    from finite values is summed again in float64, which holds it."""
+    total = float(np.vdot(g, g))
+    if math.isinf(total) and g.dtype != np.float64 and np.all(np.isfinite(g)):
+        wide = g.astype(np.float64)
+        total = float(np.vdot(wide, wide))
+    return total
 
 
 def cosine_with_warmup(step, max_lr, min_lr, warmup_iters, lr_decay_iters):
@@ -377,9 +571,25 @@ def cosine_with_warmup(step, max_lr, min_lr, warmup_iters, lr_decay_iters):
     max_lr / (warmup_iters + 1)), reaches max_lr at step = warmup_iters (where r = 0), and the
     cosine ends at min_lr at step = lr_decay_iters. If lr_decay_iters == warmup_iters there is no
     decay phase: min_lr from step warmup_iters on.
+
+    step, warmup_iters and lr_decay_iters are integers >= 0 with warmup_iters <= lr_decay_iters;
+    max_lr and min_lr finite numbers >= 0 (min_lr above max_lr is allowed: the "decay" then rises).
     """
+    where = "cosine_with_warmup"
+    for name, value in (("step", step), ("warmup_iters", warmup_iters), ("lr_decay_iters", lr_decay_iters)):
+        count = _count(value)
+        if count is None:
+            raise InputTypeError(f"{where}: {name} must be an integer, got {type(value).__name__} {value!r}")
+        if count < 0:
+            raise InputError(f"{where}: {name} must be >= 0, got {value}")
+    for name, value in (("max_lr", max_lr), ("min_lr", min_lr)):
+        number = _real(value)
+        if number is None:
+            raise InputTypeError(f"{where}: {name} must be a number, got {type(value).__name__} {value!r}")
+        if not (math.isfinite(number) and number >= 0):
+            raise InputError(f"{where}: {name} must be >= 0 and finite, got {value}")
     if lr_decay_iters < warmup_iters:
-        raise ValueError(f"cosine_with_warmup: lr_decay_iters ({lr_decay_iters}) must be >= warmup_iters ({warmup_iters})")
+        raise InputError(f"{where}: lr_decay_iters ({lr_decay_iters}) must be >= warmup_iters ({warmup_iters})")
     if step < warmup_iters:
         return max_lr * (step + 1) / (warmup_iters + 1)
     if step > lr_decay_iters or lr_decay_iters == warmup_iters:

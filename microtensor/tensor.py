@@ -5,8 +5,33 @@ A Tensor holds its values in `.data` (a numpy array, float32 unless asked otherw
 and dtype, or None). `._ctx` is the Context of the op that made it (None for a leaf: a tensor the
 user made). The arithmetic operators and methods below only forward to the ops in `microtensor/ops/`,
 where each op's math, kernels and backward live.
+
+What a Tensor may hold: float32 or float64 values (the only ones that can require a gradient),
+integers (ids, targets), or booleans (masks). Nothing is converted behind the user's back: float
+values never become integers (that would drop the fractions), numbers never become booleans, and
+complex numbers, strings, objects and float16 are refused, each with an error that says so.
+
+The version counter. `._version` counts the in-place changes microtensor makes to the values in a
+tensor's memory: an assignment to `.data` of an array that shares that memory (`w.data -= lr *
+w.grad` changes the array in place and assigns it back), an optimizer's step (it calls
+`_bump_version()`), or any other in-place mutator. Assigning a new array (`w.data = new_values`)
+changes no value an op may have saved, so it is not counted. A view shares the counter of the tensor
+it views (reshape, permute, transpose, basic indexing, split, detach), because a change through
+either is a change of both. The op that saves an input's array for backward remembers the input's
+version, and backward refuses to use an array whose tensor changed since (the gradient would be
+computed at values the forward never saw). A write straight through the numpy array,
+`w.data[...] = 0` or `np.asarray(w)[0] = 1`, happens inside numpy, where microtensor cannot see it:
+the counter misses it (PyTorch's `.data` has the same limit). Between a forward and its backward,
+change values by assignment, or call `w._bump_version()` after writing through the array.
+
+Numpy interop. `np.asarray(t)` gives `t.data` (the same memory, no copy), so numpy functions take
+tensors as arrays. Numpy's operators do not: `np.ones(3) + t` would otherwise make an array of
+Python objects, one Tensor per element; `__array_ufunc__ = None` makes numpy hand the operation to
+the Tensor instead (`t.__radd__`), so the result is a Tensor, in the graph.
 """
 import numpy as np
+
+from .errors import GraphError, InputError, InputTypeError
 
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
@@ -18,49 +43,115 @@ FLOAT_DTYPES = (float32, float64)
 _default_dtype = float32
 
 
+def describe(value):
+    """A short description of a value for an error message: its type, and its shape and dtype if it has them."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        return f"{type(value).__name__} of shape {value.shape} and dtype {value.dtype}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of length {len(value)}"
+    return type(value).__name__
+
+
+def as_dtype(where, dtype, floats_only=False):
+    """`dtype` as a numpy dtype microtensor supports (float32, float64, an integer type or bool; only
+    the two floats if `floats_only`), or an error naming `where`."""
+    try:
+        resolved = np.dtype(dtype)
+    except (TypeError, ValueError):
+        resolved = None
+    if dtype is None or resolved is None:
+        raise InputTypeError(f"{where}: {dtype!r} is not a dtype; expected float32 or float64" + ("" if floats_only else ", an integer dtype or bool"))
+    if resolved in FLOAT_DTYPES or (not floats_only and resolved.kind in "iub"):
+        return resolved
+    expected = "float32 or float64" if floats_only else "float32, float64, an integer dtype or bool"
+    raise InputTypeError(f"{where}: dtype {resolved} is not supported; expected {expected}")
+
+
+def check_flag(where, name, value):
+    """A True/False option (numpy's bool too); anything else is an error rather than truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(f"{where}: {name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def set_default_dtype(dtype):
     """The dtype of tensors made from Python floats and by the constructors (float32 or float64)."""
     global _default_dtype
-    dtype = np.dtype(dtype)
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"set_default_dtype: expected float32 or float64, got {dtype}")
-    _default_dtype = dtype
+    _default_dtype = as_dtype("set_default_dtype", dtype, floats_only=True)
 
 
 def get_default_dtype():
     return _default_dtype
 
 
-def _to_array(data, dtype):
-    """The numpy array a new Tensor holds. Python floats become the default dtype; numpy arrays
-    keep theirs unless `dtype` is given; nothing else is converted behind the user's back."""
-    if isinstance(data, Tensor):
-        data = data.data
+def _convert(where, array, dtype):
+    """`array` as `dtype`, refusing every conversion that would change a value."""
+    if array.dtype == dtype:
+        return array
+    source = array.dtype.kind
+    if dtype.kind in "iu":
+        if source == "f":
+            raise InputTypeError(
+                f"{where}: refusing to convert {array.dtype} values to {dtype} (it would drop the fractions); "
+                "round them first, e.g. np.round(values).astype(np.int64)"
+            )
+        if array.size and source in "iu":
+            info = np.iinfo(dtype)
+            low, high = array.min(), array.max()
+            if low < info.min or high > info.max:
+                raise InputError(f"{where}: values from {low} to {high} do not fit in {dtype} ({info.min} to {info.max})")
+    elif dtype.kind == "b":
+        raise InputTypeError(f"{where}: refusing to convert {array.dtype} values to bool; compare instead, e.g. values != 0")
+    with np.errstate(over="ignore"):  # checked just below, with a message of our own
+        converted = array.astype(dtype)
+    if source == "f" and dtype.kind == "f" and array.size:
+        overflowed = np.isinf(converted) & np.isfinite(array)
+        if overflowed.any():
+            raise InputError(f"{where}: {array[overflowed].flat[0]} is too large for {dtype}")
+    return converted
+
+
+def _to_array(data, dtype, where="tensor"):
+    """The numpy array a new Tensor holds (always a new array, never `data` itself). Python floats
+    become the default dtype; numpy arrays keep theirs unless `dtype` is given; no conversion may
+    change a value."""
     if dtype is not None:
-        dtype = np.dtype(dtype)
-        if isinstance(data, np.ndarray) and data.dtype.kind == "f" and dtype.kind in "iub":
-            raise TypeError(f"tensor: refusing to cast {data.dtype} values to {dtype} (it would drop the fractions)")
-        return np.array(data, dtype=dtype)
-    array = np.array(data)
-    if array.dtype.kind == "f":
-        if not isinstance(data, np.ndarray) and not isinstance(data, np.generic):
-            array = array.astype(_default_dtype)  # Python floats
+        dtype = as_dtype(where, dtype)
+    if isinstance(data, Tensor):
+        data = data._data
+    try:
+        array = np.array(data)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise InputError(f"{where}: cannot make a tensor from {describe(data)}: {error}") from None
+    kind = array.dtype.kind
+    if kind not in "fiub":
+        what = {"c": "complex numbers", "U": "strings", "S": "bytes", "O": "Python objects (or integers too large for 64 bits)"}
+        raise InputTypeError(
+            f"{where}: cannot make a tensor from {what.get(kind, f'values of dtype {array.dtype}')}; "
+            "expected real numbers or booleans"
+        )
+    if kind == "f" and dtype is None:
+        if not isinstance(data, (np.ndarray, np.generic)):
+            dtype = _default_dtype  # Python floats
         elif array.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"tensor: unsupported float dtype {array.dtype}; use float32 or float64")
-    elif array.dtype.kind not in "iub":
-        raise TypeError(f"tensor: cannot make a tensor from values of dtype {array.dtype}")
-    return array
+            raise InputTypeError(f"{where}: unsupported float dtype {array.dtype}; use float32 or float64 (e.g. values.astype(np.float32))")
+    return array if dtype is None else _convert(where, array, dtype)
 
 
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_retains_grad", "__weakref__")
+    # _version_counter: a one-element list, shared by a tensor and its views (see the module docstring)
+    __slots__ = ("_data", "_version_counter", "grad", "requires_grad", "_ctx", "_retains_grad", "__weakref__")
+
+    # numpy's operators hand every operation with a Tensor to the Tensor's own (see the module docstring).
+    __array_ufunc__ = None
 
     def __init__(self, data, dtype=None, requires_grad=False):
-        self.data = _to_array(data, dtype)
-        if requires_grad and self.data.dtype not in FLOAT_DTYPES:
-            raise TypeError(
-                f"Tensor: only float32 and float64 tensors can require gradients, got {self.data.dtype}"
+        self._data = _to_array(data, dtype)
+        if check_flag("tensor", "requires_grad", requires_grad) and self._data.dtype not in FLOAT_DTYPES:
+            raise InputTypeError(
+                f"tensor: only float32 and float64 tensors can require gradients, got {self._data.dtype}"
             )
+        self._version_counter = [0]
         self.grad = None
         self.requires_grad = bool(requires_grad)
         self._ctx = None
@@ -70,41 +161,95 @@ class Tensor:
     def _from_array(cls, array, requires_grad=False):
         """Wrap an op's result without any checks or copies (the hot path of every op)."""
         tensor = cls.__new__(cls)
-        tensor.data = array
+        tensor._data = array
+        tensor._version_counter = [0]
         tensor.grad = None
         tensor.requires_grad = requires_grad
         tensor._ctx = None
         tensor._retains_grad = False
         return tensor
 
+    @property
+    def data(self):
+        """The values, a numpy array (the tensor's own memory: writes through it change the tensor)."""
+        return self._data
+
+    @data.setter
+    def data(self, array):
+        if not isinstance(array, np.ndarray):
+            raise InputTypeError(f"Tensor.data: expected a numpy array, got {describe(array)} (np.asarray(values) makes one)")
+        if array.dtype not in FLOAT_DTYPES and array.dtype.kind not in "iub":
+            raise InputTypeError(f"Tensor.data: dtype {array.dtype} is not supported; expected float32, float64, an integer dtype or bool")
+        if self.requires_grad and array.dtype not in FLOAT_DTYPES:
+            raise InputTypeError(f"Tensor.data: this tensor requires a gradient, so its values must be float32 or float64, got {array.dtype}")
+        if np.may_share_memory(array, self._data):
+            self._version_counter[0] += 1  # `t.data -= x`: the same memory, changed in place
+        self._data = array
+
+    @property
+    def _version(self):
+        """How many in-place changes the values in this tensor's memory have seen."""
+        return self._version_counter[0]
+
+    def _bump_version(self):
+        """Record an in-place change of the values (see the version counter in the module docstring)."""
+        self._version_counter[0] += 1
+
+    def _view_of(self, base):
+        """Mark this tensor as a view of `base` when their arrays share memory: one version counter
+        for both (called by the ops that return views). Returns self."""
+        if self is not base and np.may_share_memory(self._data, base._data):
+            self._version_counter = base._version_counter
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        """np.asarray(t): the values, t.data itself when no other dtype and no copy is asked for."""
+        array = self._data
+        if dtype is not None and np.dtype(dtype) != array.dtype:
+            if copy is False:
+                raise InputError(f"np.asarray(tensor, dtype={np.dtype(dtype)}, copy=False): the tensor is {array.dtype}, so a copy is needed")
+            return array.astype(dtype)
+        return array.copy() if copy else array
+
     # ----------------------------------------------------------------------------- attributes
     @property
     def shape(self):
-        return self.data.shape
+        return self._data.shape
 
     @property
     def dtype(self):
-        return self.data.dtype
+        return self._data.dtype
 
     @property
     def ndim(self):
-        return self.data.ndim
+        return self._data.ndim
 
     @property
     def is_leaf(self):
         return self._ctx is None
 
     def size(self, dim=None):
-        return self.data.shape if dim is None else self.data.shape[dim]
+        """The shape, or the size of one dim."""
+        if dim is None:
+            return self._data.shape
+        return self._data.shape[_normalize_dim("size", dim, self.ndim)]
 
     def numel(self):
-        return self.data.size
+        return self._data.size
 
     def __len__(self):
-        return len(self.data)
+        if self._data.ndim == 0:
+            raise InputTypeError("len() of a 0-d tensor: it has no first dim (use .item() for its value)")
+        return len(self._data)
+
+    def __iter__(self):
+        """The slices along the first dim, each a Tensor (in the graph, like t[i])."""
+        if self._data.ndim == 0:
+            raise InputTypeError("iteration over a 0-d tensor: it has no first dim (use .item() for its value)")
+        return (self[i] for i in range(len(self._data)))
 
     def __repr__(self):
-        body = np.array2string(self.data, precision=4, separator=", ", prefix="tensor(")
+        body = np.array2string(self._data, precision=4, separator=", ", prefix="tensor(")
         extra = ""
         if self.dtype != float32:
             extra += f", dtype={self.dtype}"
@@ -118,31 +263,36 @@ class Tensor:
     __hash__ = object.__hash__
 
     def __bool__(self):
-        if self.data.size != 1:
-            raise RuntimeError(f"bool() of a tensor of shape {self.shape} is ambiguous; use .any() or .all()")
-        return bool(self.data)
+        if self._data.size != 1:
+            raise InputError(f"bool() of a tensor of shape {self.shape} is ambiguous; use .any() or .all()")
+        return bool(self._data)
 
     # ----------------------------------------------------------------------------- conversions
     def numpy(self):
         """The values as a numpy array (the same memory, not a copy)."""
-        return self.data
+        return self._data
 
     def item(self):
-        if self.data.size != 1:
-            raise ValueError(f"item(): the tensor has {self.data.size} elements (shape {self.shape}), expected 1")
-        return self.data.item()
+        if self._data.size != 1:
+            raise InputError(f"item(): the tensor has {self._data.size} elements (shape {self.shape}), expected 1")
+        return self._data.item()
 
     def tolist(self):
-        return self.data.tolist()
+        return self._data.tolist()
 
     def detach(self):
-        """The same values, cut off from the graph (no gradient flows through it)."""
-        return Tensor._from_array(self.data, False)
+        """The same values (the same memory, and so the same version counter), cut off from the
+        graph: no gradient flows through it."""
+        detached = Tensor._from_array(self._data, False)
+        detached._version_counter = self._version_counter
+        return detached
 
     def requires_grad_(self, requires_grad=True):
-        if requires_grad and self.data.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"requires_grad_: only float tensors can require gradients, got {self.dtype}")
-        self.requires_grad = requires_grad
+        if check_flag("requires_grad_", "requires_grad", requires_grad) and self._data.dtype not in FLOAT_DTYPES:
+            raise InputTypeError(f"requires_grad_: only float tensors can require gradients, got {self.dtype}")
+        if not requires_grad and self._ctx is not None:
+            raise GraphError("requires_grad_(False): this tensor was made by an op in the graph; use .detach() for a copy outside it")
+        self.requires_grad = bool(requires_grad)
         return self
 
     def to(self, dtype):
@@ -165,7 +315,7 @@ class Tensor:
     def retain_grad(self):
         """Keep `.grad` on this non-leaf tensor after backward (leaves always keep theirs)."""
         if not self.requires_grad:
-            raise RuntimeError("retain_grad: this tensor does not require a gradient")
+            raise GraphError("retain_grad: this tensor does not require a gradient")
         self._retains_grad = True
 
     # ----------------------------------------------------------------------------- arithmetic
@@ -211,24 +361,25 @@ class Tensor:
     def __getitem__(self, index):
         return _shape.getitem(self, index)
 
-    # Comparisons: plain boolean tensors, outside the graph.
+    # Comparisons: plain boolean tensors, outside the graph. (`1 < t` reaches t.__gt__(1), which is
+    # the same comparison; == and != with an unrelated object give Python's own identity answer.)
     def __lt__(self, other):
-        return _compare(np.less, self, other)
+        return _compare("<", np.less, self, other)
 
     def __le__(self, other):
-        return _compare(np.less_equal, self, other)
+        return _compare("<=", np.less_equal, self, other)
 
     def __gt__(self, other):
-        return _compare(np.greater, self, other)
+        return _compare(">", np.greater, self, other)
 
     def __ge__(self, other):
-        return _compare(np.greater_equal, self, other)
+        return _compare(">=", np.greater_equal, self, other)
 
     def __eq__(self, other):
-        return _compare(np.equal, self, other)
+        return _compare("==", np.equal, self, other)
 
     def __ne__(self, other):
-        return _compare(np.not_equal, self, other)
+        return _compare("!=", np.not_equal, self, other)
 
     def exp(self):
         return _elementwise.exp(self)
@@ -259,14 +410,20 @@ class Tensor:
         return _reduce.max(self, dim, keepdim)
 
     def argmax(self, dim=None, keepdim=False):
-        """Indices of the largest values (an integer tensor, outside the graph)."""
-        return Tensor._from_array(np.argmax(self.data, axis=dim, keepdims=keepdim))
+        """Indices of the largest values (an integer tensor, outside the graph): of the flattened
+        values when dim is None."""
+        keepdim = check_flag("argmax", "keepdim", keepdim)
+        axis = None if dim is None else _normalize_dim("argmax", dim, self.ndim)
+        length = self._data.size if axis is None else self._data.shape[axis]
+        if length == 0:
+            raise InputError(f"argmax: no largest value in an empty {'tensor' if axis is None else f'dim {dim}'} (shape {self.shape})")
+        return Tensor._from_array(np.asarray(np.argmax(self._data, axis=axis, keepdims=keepdim)))
 
     def any(self):
-        return bool(self.data.any())
+        return bool(self._data.any())
 
     def all(self):
-        return bool(self.data.all())
+        return bool(self._data.all())
 
     # ----------------------------------------------------------------------------- shapes
     def reshape(self, *shape):
@@ -294,10 +451,29 @@ class Tensor:
         return _shape.masked_fill(self, mask, value)
 
 
-def _compare(numpy_op, a, b):
-    a = a.data if isinstance(a, Tensor) else a
-    b = b.data if isinstance(b, Tensor) else b
-    return Tensor._from_array(numpy_op(a, b))
+def _comparable(value):
+    """A Tensor, numpy array or number as an array, or None for anything else."""
+    if isinstance(value, Tensor):
+        return value._data
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return np.asarray(value)
+    if isinstance(value, np.ndarray) and (value.dtype in FLOAT_DTYPES or value.dtype.kind in "iub"):
+        return value
+    return None
+
+
+def _compare(symbol, numpy_op, a, b):
+    left, right = _comparable(a), _comparable(b)
+    if left is None or right is None:
+        other = b if left is not None else a
+        if symbol in ("==", "!=") and not isinstance(other, (list, tuple, np.ndarray)):
+            return NotImplemented  # Python's own answer for unrelated objects: equal only to itself
+        raise InputTypeError(f"{symbol}: cannot compare a Tensor with {describe(other)}; expected a Tensor, a numpy array or a number")
+    try:
+        np.broadcast_shapes(left.shape, right.shape)
+    except ValueError:
+        raise InputError(f"{symbol}: shapes {left.shape} and {right.shape} cannot be broadcast together") from None
+    return Tensor._from_array(np.asarray(numpy_op(left, right)))
 
 
 # The ops import Tensor from this module, so they are imported once Tensor exists.
@@ -306,3 +482,4 @@ from .ops import elementwise as _elementwise  # noqa: E402
 from .ops import matmul as _matmul  # noqa: E402
 from .ops import reduce as _reduce  # noqa: E402
 from .ops import shape as _shape  # noqa: E402
+from .ops.checks import normalize_dim as _normalize_dim  # noqa: E402

@@ -9,12 +9,14 @@ from contextlib import contextmanager
 
 import numba
 
+from .errors import InputError
+
 
 @contextmanager
 def num_threads(n):
     """Run the enclosed kernels on n threads (None: leave as is), then restore the previous count."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"num_threads: expected a positive int or None, got {n!r}")
+        raise InputError(f"num_threads: expected a positive int or None, got {n!r}")
     previous = numba.get_num_threads()
     if n is not None:
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))

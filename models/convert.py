@@ -53,9 +53,7 @@ and that the values are finite. Each problem is named in one ConvertError, with 
 """
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -132,24 +130,14 @@ def export_checkpoint(out_dir, path, force=False):
     _refuse_to_overwrite(path, force)
     if suffix == ".safetensors":
         safetensors = _safetensors("write", path)  # before any work: a missing package is said at once
-    model_state, _, meta = checkpoint.load(out_dir)  # CheckpointError names the file if it is missing or broken
-    source = Path(out_dir) / checkpoint.FILENAME
-    try:
-        config = GPTConfig(**meta["config"])
-        vocab = meta["vocab"]
-    except (KeyError, TypeError, ValueError) as error:
-        raise ConvertError(f"{source}: its metadata has no usable model config and vocabulary ({error})") from None
-    if not isinstance(vocab, str) or len(vocab) != config.vocab_size:
-        raise ConvertError(f"{source}: its vocab must be a string of vocab_size = {config.vocab_size} characters, got {vocab!r:.80}")
-    dtypes = {np.dtype(a.dtype) for a in model_state.values()}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in (np.float32, np.float64):
-        raise ConvertError(f"{source}: expected every parameter in float32 or every one in float64, got {sorted(map(str, dtypes))}")
-    dtype = next(iter(dtypes))
+    # checkpoint.load checks the file (CheckpointError names it if it is missing or broken), its meta,
+    # and that its parameters are exactly a GPT of its config's, in one float dtype.
+    model_state, _, meta = checkpoint.load(out_dir)
+    config = GPTConfig(**meta["config"])
+    vocab = meta["vocab"]
+    dtype = next(iter(model_state.values())).dtype
     model = _model_for(config, dtype)
-    try:
-        model.load_state_dict(model_state)  # checks every name, shape and dtype against the config
-    except RuntimeError as error:
-        raise ConvertError(f"{source} does not fit its own config: {error}") from None
+    model.load_state_dict(model_state)
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -397,15 +385,9 @@ def _safetensors(verb, path):
 
 
 def _write_atomically(path, write):
-    """write(temporary path) in path's folder, then rename over path: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".convert-", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """write(temporary path) in path's folder, then fsync and rename over path: a crash never leaves
+    half a file (the same writer as checkpoints', with its own prefix)."""
+    checkpoint.write_atomically(path, write, prefix=".convert-")
 
 
 # ================================================================================= command line

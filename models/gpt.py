@@ -14,10 +14,14 @@ token costs one token's work. The prompt (many tokens at once) goes through the 
 fill the caches, and so does every later token under the readable kernel set. Under the fast set
 (`mt.set_kernels("fast")`, the default), a one-token step is instead one kernel call for the whole
 model (`microtensor/fast/decode.py`): the same logits, the same cache arrays written. The context
-window rule, shared by the cached and uncached paths so that both compute the same logits: the model
-sees the tokens from `start` on; once they would exceed block_size, `start` jumps forward so that
-the last block_size // 2 tokens remain, and the cache is rebuilt from those (positions restart at 0
-in the new window).
+window rule (`window_start`), shared by the cached and uncached paths so that both compute the same
+logits: the model sees the tokens from `start` on; once they would exceed block_size, `start` jumps
+forward so that the last max(1, block_size // 2) tokens remain, and the cache is rebuilt from those
+(positions restart at 0 in the new window).
+
+Every argument is checked before any kernel runs (`GPTConfig`'s fields, the token ids against the
+vocabulary, the sampling options, the caches' positions): the kernels index without bounds checks,
+so an id outside the vocabulary would otherwise read outside the embedding table.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -27,6 +31,7 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from microtensor import nn
+from microtensor.errors import InputError, InputTypeError
 
 SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
 
@@ -46,22 +51,47 @@ class GPTConfig:
     tie_weights: bool = True
 
     def __post_init__(self):
+        """Check every field, types first (a float size or a string flag is refused, not rounded or
+        read as true); numpy integers become Python ints, so that `to_dict()` is plain JSON."""
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"GPTConfig: {name} must be a positive integer, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise InputError(f"GPTConfig: {name} must be a positive integer, got {value}")
+            setattr(self, name, int(value))
         if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+            raise InputError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         choices = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "pos": ("learned", "rope")}
         for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InputTypeError(f"GPTConfig: {name} must be one of {allowed}, got {type(value).__name__} {value!r}")
+            if value not in allowed:
+                raise InputError(f"GPTConfig: {name} must be one of {allowed}, got {value!r}")
         if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
+            raise InputError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
+        for name in ("bias", "tie_weights"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise InputTypeError(f"GPTConfig: {name} must be True or False, got {type(value).__name__} {value!r}")
+            setattr(self, name, bool(value))
+        if not _is_real(self.dropout):
+            raise InputTypeError(f"GPTConfig: dropout must be a number, got {type(self.dropout).__name__} {self.dropout!r}")
         if not 0 <= self.dropout < 1:
-            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+            raise InputError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+        self.dropout = float(self.dropout)
 
     def to_dict(self):
         return asdict(self)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value):
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def _norm(config, dtype):
@@ -82,6 +112,10 @@ class KVCache:
     def append(self, k, v):
         """Write the new keys and values (B, H, T, D); return all of them so far as tensors."""
         T = k.shape[2]
+        if self.length + T > self.k.shape[2]:
+            raise InputError(
+                f"KVCache: {T} new positions after {self.length} do not fit a cache of {self.k.shape[2]} positions"
+            )
         self.k[:, :, self.length : self.length + T] = k.data
         self.v[:, :, self.length : self.length + T] = v.data
         self.length += T
@@ -152,6 +186,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config, dtype=mt.float32):
         super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise InputTypeError(f"GPT: expected a GPTConfig, got {type(config).__name__}")
         self.config = config
         parts = {"wte": nn.Embedding(config.vocab_size, config.n_embd, dtype=dtype)}
         if config.pos == "learned":
@@ -181,12 +217,20 @@ class GPT(nn.Module):
         """idx (B, T) int -> (logits (B, T, V), loss or None). With caches, idx holds the tokens at
         positions offset .. offset + T - 1 of the window, and their keys and values are appended."""
         if not isinstance(idx, mt.Tensor):
-            idx = mt.tensor(np.asarray(idx))
+            idx = np.asarray(idx)
+            if idx.dtype.kind not in "iu":  # before mt.tensor, which would take floats or strings
+                raise InputError(f"GPT: idx must be an integer tensor (B, T), got {idx.dtype} of shape {idx.shape}")
+            idx = mt.tensor(idx)
         if idx.ndim != 2 or idx.dtype.kind not in "iu":
-            raise ValueError(f"GPT: idx must be an integer tensor (B, T), got {idx.dtype} of shape {idx.shape}")
+            raise InputError(f"GPT: idx must be an integer tensor (B, T), got {idx.dtype} of shape {idx.shape}")
         B, T = idx.shape
+        _check_ids("GPT", idx.data, self.config.vocab_size)
+        if not _is_int(offset) or offset < 0:
+            raise InputError(f"GPT: offset must be an int >= 0, got {offset!r}")
         if offset + T > self.config.block_size:
-            raise ValueError(f"GPT: a sequence of {offset + T} tokens is longer than block_size {self.config.block_size}")
+            raise InputError(f"GPT: a sequence of {offset + T} tokens is longer than block_size {self.config.block_size}")
+        if caches is not None:
+            self._check_caches(caches, B, offset)
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
             x = x + self.transformer.wpe(mt.arange(offset, offset + T))
@@ -201,10 +245,30 @@ class GPT(nn.Module):
         loss = None if targets is None else F.cross_entropy(logits, targets)
         return logits, loss
 
+    def _check_caches(self, caches, batch, offset):
+        """The caches a forward appends to: one KVCache per layer, for this batch, holding exactly the
+        `offset` positions before the new tokens (else the new keys would land at other positions
+        than the ones their queries are given)."""
+        c = self.config
+        if not isinstance(caches, (list, tuple)) or len(caches) != c.n_layer or not all(isinstance(x, KVCache) for x in caches):
+            raise InputTypeError(f"GPT: caches must be a list of {c.n_layer} KVCaches (from new_caches), got {caches!r:.80}")
+        shape = (batch, c.n_head, None, c.n_embd // c.n_head)
+        for layer, cache in enumerate(caches):
+            k_shape = cache.k.shape
+            if cache.k.ndim != 4 or (k_shape[0], k_shape[1], k_shape[3]) != (batch, c.n_head, c.n_embd // c.n_head) or cache.v.shape != k_shape:
+                raise InputError(f"GPT: the cache of layer {layer} holds keys {k_shape} and values {cache.v.shape}, expected {shape}")
+            if cache.length != offset:
+                raise InputError(
+                    f"GPT: offset is {offset}, but the cache of layer {layer} holds {cache.length} positions; "
+                    "the new tokens' positions must start where the cache ends"
+                )
+
     # ------------------------------------------------------------------------------ generation
 
     def new_cache_arrays(self, batch):
         """Zeroed keys and values of every layer: two arrays (n_layer, B, H, block_size, D)."""
+        if not _is_int(batch) or batch < 1:
+            raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
         dtype = self.transformer.wte.weight.dtype
         keys = np.zeros((c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
@@ -218,12 +282,16 @@ class GPT(nn.Module):
 
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
         """Yield (next token ids (B,), their logits (B, V)) one step at a time; see the module
-        docstring for the window rule past block_size."""
-        idx = np.array(idx.data if isinstance(idx, mt.Tensor) else idx, dtype=np.int64)
-        if idx.ndim != 2 or idx.shape[1] == 0:
-            raise ValueError(f"generate: idx must be (B, T) with T >= 1, got shape {idx.shape}")
+        docstring for the window rule past block_size. Every argument is checked here, when called,
+        not at the first step (see `generate` for their meaning)."""
+        prompt = _check_prompt("generate_tokens", idx, self.config.vocab_size)
+        _check_generation_options("generate_tokens", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
+        return self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
+
+    def _generate_tokens(self, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
         rng = np.random.default_rng(seed)
         block = self.config.block_size
+        # A prompt longer than the block starts with its last block_size tokens.
         start, caches, fed = max(0, idx.shape[1] - block), None, 0  # fed: tokens of the window in the cache
         if use_kv_cache:
             keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
@@ -233,9 +301,9 @@ class GPT(nn.Module):
         try:
             with mt.no_grad():
                 for _ in range(max_new_tokens):
-                    if idx.shape[1] - start > block:
-                        start = idx.shape[1] - block // 2
-                        caches = None
+                    new_start = window_start(idx.shape[1], start, block)
+                    if new_start != start:
+                        start, caches = new_start, None
                     window = idx[:, start:]
                     if caches is None and use_kv_cache:
                         # the old window's entries need no clearing: attention reads positions < length only
@@ -269,36 +337,106 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
         """idx (B, T) -> (B, T + max_new_tokens) int tensor: greedy when temperature is 0, else sampled
         from softmax(logits / temperature), optionally limited to the top_k tokens or to the smallest
-        set whose probability reaches top_p."""
-        prompt = np.array(idx.data if isinstance(idx, mt.Tensor) else idx, dtype=np.int64)
-        tokens = [t for t, _ in self.generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
+        set whose probability reaches top_p.
+
+        idx: integer ids in [0, vocab_size), B >= 1 sequences of T >= 1 tokens (a Tensor, an array or
+        nested lists); max_new_tokens an int >= 0; temperature a finite number >= 0; top_k None or
+        an int >= 1 (more than the vocabulary keeps every token); top_p None or a number in (0, 1];
+        use_kv_cache True or False; seed None or an int >= 0.
+        """
+        prompt = _check_prompt("generate", idx, self.config.vocab_size)
+        _check_generation_options("generate", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
+        tokens = [t for t, _ in self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
         new = np.stack(tokens, axis=1) if tokens else np.zeros((prompt.shape[0], 0), dtype=np.int64)
         return mt.tensor(np.concatenate([prompt, new], axis=1))
 
 
+def window_start(length, start, block_size):
+    """The context window rule: where the window of a sequence of `length` tokens starts, given that
+    it started at `start` so far. It stays while the window holds at most block_size tokens; past
+    that it jumps forward so that the last max(1, block_size // 2) tokens remain (at least one: with
+    block_size 1 the window is the last token alone). Jumping by half a block, not by one token,
+    lets the cache serve block_size // 2 tokens before the next rebuild."""
+    if length - start <= block_size:
+        return start
+    return length - max(1, block_size // 2)
+
+
 def sample(logits, temperature, top_k, top_p, rng):
-    """Next token ids (B,) from last-position logits (B, V)."""
+    """Next token ids (B,) from last-position logits (B, V): the argmax when temperature is 0, else a
+    draw from softmax(logits / temperature), restricted by `keep_top_k` and then `keep_top_p`."""
+    if not np.isfinite(logits).all():
+        raise InputError("generate: the model's logits hold an inf or a nan (are its weights finite?)")
     if temperature == 0:
         return logits.argmax(axis=-1)
-    if temperature < 0:
-        raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+    _check_generation_options("generate", 0, temperature, top_k, top_p, True, None)
     logits = logits.astype(np.float64) / temperature
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"generate: top_k must be >= 1, got {top_k}")
-        kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-        logits = np.where(logits < kth, -np.inf, logits)
+        logits = keep_top_k(logits, top_k)
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
-        order = np.argsort(-probs, axis=-1)
-        sorted_probs = np.take_along_axis(probs, order, axis=-1)
-        # keep a token if the probability of all tokens ranked above it is still below top_p
-        keep_sorted = np.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
-        probs = np.where(keep, probs, 0)
+        probs = np.where(keep_top_p(probs, top_p), probs, 0)
         probs /= probs.sum(axis=-1, keepdims=True)
     return np.array([rng.choice(probs.shape[-1], p=row) for row in probs], dtype=np.int64)
+
+
+def keep_top_k(logits, top_k):
+    """logits (B, V) with every token below the top_k-th largest set to -inf. Tokens tied with the
+    top_k-th are all kept (as in nanoGPT), so more than top_k may remain; top_k >= V keeps all."""
+    kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]  # (B, 1)
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def keep_top_p(probs, top_p):
+    """Which tokens top-p ("nucleus") sampling keeps, (B, V) bool: the smallest set of the most
+    probable tokens whose probabilities add up to at least top_p. A token is kept when the tokens
+    ranked above it add up to less than top_p, so the most probable token is always kept.
+    (Tokens of equal probability are ranked by id, lower first.)"""
+    order = np.argsort(-probs, axis=-1, kind="stable")  # (B, V): ids from the most probable down
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    above = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # the probability ranked above each token
+    keep_sorted = above < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    return keep
+
+
+# ================================================================================= checks
+
+
+def _check_ids(where, ids, vocab_size):
+    """Every id in [0, vocab_size): the embedding kernels index the table without bounds checks."""
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)].flat[0]
+        raise InputError(f"{where}: token id {bad} is outside the vocabulary; ids must be in [0, {vocab_size})")
+
+
+def _check_prompt(where, idx, vocab_size):
+    """A prompt (B, T) of integer ids in [0, vocab_size), B >= 1 and T >= 1, as a new int64 array."""
+    array = idx.data if isinstance(idx, mt.Tensor) else idx
+    try:
+        array = np.asarray(array)
+    except ValueError:  # ragged nested lists
+        raise InputError(f"{where}: idx must be (B, T) integer token ids, got a ragged {type(idx).__name__}") from None
+    if array.dtype.kind not in "iu":
+        raise InputTypeError(f"{where}: idx must hold integer token ids, got {array.dtype}")
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise InputError(f"{where}: idx must be (B, T) with B >= 1 and T >= 1, got shape {array.shape}")
+    _check_ids(where, array, vocab_size)
+    return np.array(array, dtype=np.int64)
+
+
+def _check_generation_options(where, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise InputError(f"{where}: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not _is_real(temperature) or not (math.isfinite(temperature) and temperature >= 0):
+        raise InputError(f"{where}: temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise InputError(f"{where}: top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):
+        raise InputError(f"{where}: top_p must be None or a number in (0, 1], got {top_p!r}")
+    if not isinstance(use_kv_cache, (bool, np.bool_)):
+        raise InputTypeError(f"{where}: use_kv_cache must be True or False, got {use_kv_cache!r}")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise InputError(f"{where}: seed must be None or an int >= 0, got {seed!r}")

@@ -266,7 +266,7 @@ def test_item_and_bool():
     assert mt.tensor([3.5]).item() == 3.5
     with pytest.raises(ValueError, match="item"):
         mt.ones(2).item()
-    with pytest.raises(RuntimeError, match="ambiguous"):
+    with pytest.raises(mt.InputError, match="ambiguous"):  # a ValueError, as in numpy
         bool(mt.ones(2))
 
 
@@ -346,3 +346,306 @@ def test_functional_and_methods_agree():
     x = mt.tensor(np.linspace(-1, 1, 6).reshape(2, 3))
     np.testing.assert_array_equal(F.sum(x, 1).numpy(), x.sum(dim=1).numpy())
     np.testing.assert_array_equal(F.relu(x).numpy(), x.relu().numpy())
+
+
+# ------------------------------------------------------------------------------ the version counter
+
+
+def test_an_input_changed_in_place_after_forward_is_an_error_at_backward():
+    x = leaf([1.0, 2.0, 3.0])
+    y = (x * x).sum()  # Mul saves x's array for backward
+    x.data -= 1.0  # the same array, changed and assigned back: counted
+    with pytest.raises(mt.GraphError, match=r"input 0 of Mul .* was modified in place after forward \(its version went from 0 to 1\)"):
+        y.backward()
+
+
+def test_an_optimizer_style_bump_is_seen_and_an_unsaved_input_may_change():
+    w = leaf(np.ones((3, 2)))
+    x = leaf(np.arange(6.0).reshape(2, 3))
+    loss = (x @ w).sum()
+    w.data[...] = 0.5  # a write through the array is not seen by itself ...
+    w._bump_version()  # ... an optimizer's step reports it
+    with pytest.raises(mt.GraphError, match="input 1 of MatMul"):
+        loss.backward()
+    a = leaf([1.0, 2.0])
+    y = (a + 1.0).sum()  # Add keeps nothing: its gradient does not depend on a's values
+    a.data *= 3
+    y.backward()
+    np.testing.assert_array_equal(a.grad, [1.0, 1.0])
+
+
+def test_an_op_output_changed_in_place_is_an_error_and_a_replaced_array_is_not():
+    x = leaf([0.5, 1.0])
+    y = x.exp()  # Exp saves its output
+    z = (y + 2.0).sum()  # Add saves nothing
+    y.data += 1.0
+    with pytest.raises(mt.GraphError, match="the output of Exp .* was modified in place"):
+        z.backward()
+    x = leaf([0.5, 1.0])
+    y = (x * x).sum()
+    x.data = np.array([7.0, 7.0])  # a new array: the saved one still holds the forward's values
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [1.0, 2.0])
+
+
+def test_layer_norm_names_itself_when_its_input_changed():
+    x = leaf(np.arange(12.0).reshape(3, 4))
+    y = F.layer_norm(x)
+    x.data += 1
+    with pytest.raises(mt.GraphError, match=r"^backward: input 0 of LayerNorm"):
+        y.backward(np.ones((3, 4)))
+
+
+def test_views_share_the_version_counter():
+    x = leaf(np.arange(6.0))
+    rows = x.reshape(2, 3)  # a view of x's memory
+    w = leaf(np.ones((3, 2)))
+    y = (rows @ w).sum()  # MatMul saves the view's array, not x's
+    x.data *= 2  # changes the view's values too
+    with pytest.raises(mt.GraphError, match="input 0 of MatMul"):
+        y.backward()
+    x = leaf(np.arange(6.0))
+    y = (x * x).sum()
+    x[2:].detach().data += 1.0  # through a slice, detached: still x's memory
+    with pytest.raises(mt.GraphError, match="input 0 of Mul"):
+        y.backward()
+    x = leaf(np.arange(6.0).reshape(2, 3))
+    y = (x.T * 1.0).sum()  # Mul saves the transposed view; a copy made by a reshape is not a view:
+    copy = x.T.reshape(6)  # (the transpose's values in another order need a copy)
+    copy.data += 1.0
+    y.backward()
+    np.testing.assert_array_equal(x.grad, np.ones((2, 3)))
+
+
+def test_a_write_through_the_array_alone_is_not_seen_as_documented():
+    """The documented limit (tensor.py's module docstring): numpy writes through `.data[...]` do not
+    pass through microtensor, so only the assignment forms and _bump_version are counted."""
+    x = leaf([1.0, 2.0])
+    y = (x * x).sum()
+    x.data[0] = 5.0
+    assert x._version == 0
+    y.backward()  # silently computed at the new values: the limit the docstring states
+    np.testing.assert_array_equal(x.grad, [10.0, 4.0])
+
+
+def test_data_assignment_is_checked():
+    x = leaf([1.0])
+    with pytest.raises(mt.InputTypeError, match="Tensor.data: expected a numpy array, got list"):
+        x.data = [1.0]
+    with pytest.raises(mt.InputTypeError, match="requires a gradient, so its values must be float32 or float64, got int64"):
+        x.data = np.array([1])
+    with pytest.raises(mt.InputTypeError, match="complex128 is not supported"):
+        x.data = np.array([1j])
+
+
+# ------------------------------------------------------------------------------ numpy interop
+
+
+def test_numpy_operators_hand_over_to_the_tensor():
+    t = leaf([1.0, 2.0, 3.0])
+    for result, expected in [
+        (np.ones(3) + t, [2.0, 3.0, 4.0]),
+        (np.ones(3) - t, [0.0, -1.0, -2.0]),
+        (np.full(3, 2.0) * t, [2.0, 4.0, 6.0]),
+        (np.ones(3) / t, [1.0, 0.5, 1 / 3]),
+        (np.float64(2.0) ** t, [2.0, 4.0, 8.0]),
+        (np.arange(3) + t, [1.0, 3.0, 5.0]),  # integers take the tensor's dtype
+    ]:
+        assert isinstance(result, mt.Tensor) and result.dtype == mt.float64
+        np.testing.assert_allclose(result.numpy(), expected)
+    (np.ones(3) * t).sum().backward()
+    np.testing.assert_array_equal(t.grad, np.ones(3))
+    assert isinstance(np.ones((2, 3)) @ t, mt.Tensor)
+    np.testing.assert_array_equal((np.ones(3) < t).numpy(), [False, True, True])
+    with pytest.raises(mt.InputTypeError, match="add: inputs have different dtypes"):
+        np.ones(3, dtype=np.float32) + t
+    with pytest.raises(TypeError, match="does not support ufuncs"):
+        np.exp(t)  # numpy's own refusal: t.exp() or F.exp is the op
+
+
+def test_asarray_gives_the_values():
+    t = mt.tensor(np.arange(4.0))
+    assert np.asarray(t) is t.data
+    assert np.array(t) is not t.data and np.array_equal(np.array(t), t.data)
+    assert np.asarray(t, dtype=np.float32).dtype == np.float32
+    assert np.concatenate([t, t]).shape == (8,)
+    assert mt.tensor([t, t]).shape == (2, 4)
+
+
+# ------------------------------------------------------------------------------ constructors
+
+
+def test_conversions_that_would_change_a_value_are_refused():
+    with pytest.raises(mt.InputTypeError, match="refusing to convert float64 values to int64"):
+        mt.tensor([1.5], dtype=mt.int64)
+    with pytest.raises(mt.InputTypeError, match="refusing to convert float32 values to int64"):
+        mt.tensor(np.array([1.0], np.float32), dtype="int64")
+    with pytest.raises(mt.InputError, match="values from 0 to 300 do not fit in int8"):
+        mt.tensor([0, 300], dtype=np.int8)
+    with pytest.raises(mt.InputTypeError, match="to bool"):
+        mt.tensor([0, 1], dtype=mt.bool_)
+    with pytest.raises(mt.InputError, match="too large for float32"):
+        mt.tensor(np.array([1e300]), dtype=mt.float32)
+    assert mt.tensor([1, 2], dtype=mt.float32).dtype == mt.float32
+    assert mt.tensor([True, False]).dtype == mt.bool_
+    assert mt.tensor(np.array([np.inf]), dtype=mt.float32).data[0] == np.inf  # inf stays inf
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ([1j], "complex numbers"),
+        (["a"], "strings"),
+        ([None], "Python objects"),
+        ([2**70], "too large for 64 bits"),
+        ([[1.0], [1.0, 2.0]], "inhomogeneous"),
+        (np.ones(2, np.float16), "unsupported float dtype float16"),
+    ],
+)
+def test_values_that_are_not_numbers_are_refused(data, message):
+    with pytest.raises(mt.MicrotensorError, match=message):
+        mt.tensor(data)
+
+
+def test_constructors_check_shapes_dtypes_and_options():
+    with pytest.raises(mt.InputError, match=r"zeros: sizes must be >= 0, got -1 in \(2, -1\)"):
+        mt.zeros(2, -1)
+    with pytest.raises(mt.InputTypeError, match=r"ones: sizes must be ints, got 2.5"):
+        mt.ones(2.5)
+    with pytest.raises(mt.InputTypeError, match="randn: sizes must be ints, got True"):
+        mt.randn(True)
+    with pytest.raises(mt.InputTypeError, match="zeros: dtype int64 is not supported; expected float32 or float64"):
+        mt.zeros(2, dtype=mt.int64)
+    with pytest.raises(mt.InputTypeError, match="rand: 'floaty' is not a dtype"):
+        mt.rand(2, dtype="floaty")
+    with pytest.raises(mt.InputError, match="cannot allocate a tensor of shape"):
+        mt.zeros(10**10, 10**10)
+    with pytest.raises(mt.InputTypeError, match="generator must be a numpy Generator"):
+        mt.randn(2, generator=0)
+    with pytest.raises(mt.InputTypeError, match="requires_grad must be True or False"):
+        mt.zeros(2, requires_grad="yes")
+    with pytest.raises(mt.InputError, match="arange: step must not be 0"):
+        mt.arange(0, 5, 0)
+    with pytest.raises(mt.InputTypeError, match="arange: int64 values need int start"):
+        mt.arange(0.5, 3.0, dtype=mt.int64)
+    with pytest.raises(mt.InputError, match="arange: stop must be finite"):
+        mt.arange(float("inf"))
+    with pytest.raises(mt.InputTypeError, match="zeros_like: expected a Tensor, got list"):
+        mt.zeros_like([1.0])
+    with pytest.raises(mt.InputTypeError, match="set_default_dtype: dtype int64 is not supported"):
+        mt.set_default_dtype(mt.int64)
+    assert mt.zeros(0, 3).shape == (0, 3) and mt.zeros((2, 1)).shape == (2, 1) and mt.ones([]).shape == ()
+    assert mt.zeros_like(mt.arange(3)).dtype == mt.int64
+
+
+# ------------------------------------------------------------------------------ errors of the ops
+
+
+def test_every_error_is_a_microtensor_error_that_names_the_op():
+    x = mt.randn(2, 6)
+    cases = [
+        (lambda: F.gelu([1.0]), mt.InputTypeError, r"^gelu: expected a Tensor, got list of length 1"),
+        (lambda: F.multi_head_attention(mt.randn(1, 2, 6), 0), mt.InputError, r"^multi_head_attention: n_head must be >= 1, got 0"),
+        (lambda: F.multi_head_attention(mt.randn(1, 2, 6), 4), mt.InputError, r"C >= 1 divisible by n_head \(4\)"),
+        (lambda: F.dropout(x, float("nan")), mt.InputError, r"^dropout: p must be in \[0, 1\), got nan"),
+        (lambda: F.dropout(x, 0.5, training="yes"), mt.InputTypeError, "training must be True or False"),
+        (lambda: F.layer_norm(x, eps=0.0), mt.InputError, r"^layer_norm: eps must be > 0 and finite, got 0.0"),
+        (lambda: F.rms_norm(x, eps=float("inf")), mt.InputError, r"^rms_norm: eps must be > 0 and finite"),
+        (lambda: F.layer_norm(x, weight=[1.0] * 6), mt.InputTypeError, r"^layer_norm: weight must be a Tensor"),
+        (lambda: F.embedding(mt.tensor([0, 7]), x), mt.InputIndexError, r"^embedding: id 7 is out of range"),
+        (lambda: F.embedding([0.5], x), mt.InputTypeError, "ids must be an integer tensor"),
+        (lambda: F.rope(mt.randn(2, 4), 1.5), mt.InputTypeError, r"^rope: offset must be an int, got 1.5"),
+        (lambda: F.softmax(x, dim=2), mt.InputIndexError, r"^softmax: dim 2 is out of range"),
+        (lambda: x.sum(dim=1.0), mt.InputTypeError, r"^sum: dim must be an int, got 1.0"),
+        (lambda: x.sum(keepdim=1), mt.InputTypeError, "keepdim must be True or False"),
+        (lambda: x.reshape(3, 4.0), mt.InputTypeError, r"^reshape: sizes must be ints, got 4.0"),
+        (lambda: x.flatten(1, 0), mt.InputError, "start_dim 1 comes after end_dim 0"),
+        (lambda: x[0.5], mt.InputIndexError, r"^getitem: index 0.5 is invalid"),
+        (lambda: mt.stack(x), mt.InputTypeError, r"^stack: expected a list or tuple of Tensors, got Tensor"),
+        (lambda: mt.concat([]), mt.InputError, "non-empty list"),
+        (lambda: x.split(2.0, dim=1), mt.InputTypeError, "split: expected a piece size"),
+        (lambda: x.masked_fill(x > 0, "a"), mt.InputTypeError, "masked_fill: value must be a number"),
+        (lambda: x + "a", mt.InputTypeError, r"^add: expected a Tensor, a numpy array or a Python number, got str"),
+        (lambda: x < "a", mt.InputTypeError, "cannot compare a Tensor with str"),
+        (lambda: x @ 2.0, mt.InputTypeError, "matmul: expected two Tensors"),
+        (lambda: x.to(mt.int64), mt.InputTypeError, "cast: dtype int64 is not supported"),
+        (lambda: x.argmax(dim=5), mt.InputIndexError, "argmax: dim 5 is out of range"),
+        (lambda: mt.zeros(0).argmax(), mt.InputError, "argmax: no largest value in an empty tensor"),
+        (lambda: mt.zeros(0).max(), mt.InputError, r"^max: the empty tensor of shape \(0,\) holds no elements"),
+        (lambda: len(mt.tensor(1.0)), mt.InputTypeError, "len\\(\\) of a 0-d tensor"),
+        (lambda: x.backward(), mt.GraphError, "does not require a gradient"),
+        (lambda: mt.randn(2, requires_grad=True).backward([1.0, 2.0]), mt.InputTypeError, "the gradient must be a Tensor or a numpy array"),
+    ]
+    for call, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            call()
+
+
+def test_zero_size_operands_work():
+    a, b = leaf(np.ones((3, 0))), leaf(np.ones((0, 4)))
+    c = a @ b  # a sum of no terms: zeros
+    np.testing.assert_array_equal(c.numpy(), np.zeros((3, 4)))
+    c.backward(np.ones((3, 4)))
+    assert a.grad.shape == (3, 0) and b.grad.shape == (0, 4)
+    assert (leaf(np.ones((2, 3))) @ leaf(np.ones((3, 0)))).shape == (2, 0)
+    assert mt.zeros(0).sum().item() == 0.0
+    assert mt.zeros(2, 0).sum(dim=1).shape == (2,) and mt.zeros(0, 3).mean(dim=1).shape == (0,)
+    assert F.softmax(mt.zeros(0, 5), dim=-1).shape == (0, 5)
+    x = leaf(np.ones((4, 0)))
+    y = F.layer_norm(x, mt.tensor(np.ones(0), requires_grad=True), mt.tensor(np.zeros(0)))
+    assert y.shape == (4, 0)  # an empty last dim: an empty result (documented in layer_norm)
+    y.backward(np.ones((4, 0)))
+    assert x.grad.shape == (4, 0)
+    assert F.rms_norm(mt.zeros(0, 3)).shape == (0, 3)
+    assert F.multi_head_attention(mt.zeros(2, 0, 6), 2).shape == (2, 0, 2)
+
+
+# ------------------------------------------------------------------------------ fork()
+
+FORK_SCRIPT = """
+import multiprocessing, sys
+import numpy as np
+import numba
+import microtensor as mt
+import microtensor.functional as F
+
+def work(seed):
+    x = mt.tensor(np.random.default_rng(seed).standard_normal((4, 8)))
+    with mt.using_kernels("readable"):  # the readable softmax is a parallel kernel
+        return round(F.softmax(x, dim=-1).sum().item(), 6)
+
+if __name__ == "__main__":
+    work(0)  # a parallel kernel runs in the parent before the fork
+    print("gnu openmp started:", mt.autograd.gnu_openmp_started(), flush=True)
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        try:
+            print("results:", pool.map(work, [1, 2]), flush=True)
+        except mt.ThreadingError as error:
+            print("ThreadingError:", error, flush=True)
+"""
+
+
+@pytest.mark.parametrize("layer", [None, "workqueue"], ids=["default-layer", "workqueue"])
+def test_a_forked_pool_after_a_parallel_kernel_answers_and_never_hangs(tmp_path, layer):
+    """With GNU OpenMP (Numba's default layer on Linux) a forked child that ran a parallel kernel
+    would be killed and the pool would wait for it forever: the child raises ThreadingError instead,
+    which the pool hands to the parent. With a layer that survives fork, the pool just works."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork_after_kernel.py"
+    script.write_text(FORK_SCRIPT)
+    env = dict(os.environ)
+    env.pop("NUMBA_THREADING_LAYER", None)
+    if layer:
+        env["NUMBA_THREADING_LAYER"] = layer
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    if "gnu openmp started: True" in result.stdout:
+        assert "ThreadingError: microtensor cannot run its parallel kernels in this process" in result.stdout
+        assert "'spawn'" in result.stdout and "NUMBA_THREADING_LAYER=workqueue" in result.stdout
+    else:
+        assert "results: [4.0, 4.0]" in result.stdout, result.stdout + result.stderr
+    if layer == "workqueue":
+        assert "gnu openmp started: False" in result.stdout

@@ -9,7 +9,8 @@ import pytest
 
 import microtensor as mt
 from microtensor import GradcheckError, gradcheck
-from models.gpt import GPT, GPTConfig
+from microtensor.errors import InputError, InputTypeError
+from models.gpt import GPT, GPTConfig, keep_top_k, keep_top_p, sample
 
 OPTIONS = [
     dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
@@ -299,3 +300,288 @@ def test_cached_generation_equals_the_module_forward_past_block_size(options, ke
     for (token_a, logits_a), (token_b, logits_b) in zip(cached, uncached):
         np.testing.assert_array_equal(token_a, token_b)
         np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
+
+
+# ================================================================================= sampling filters
+
+# Probabilities that are sums of powers of two, so that every partial sum is exact in float64 and the
+# boundary cases (the tokens above add up to exactly top_p) are decided by the rule, not by rounding.
+DYADIC = np.array([[0.125, 0.5, 0.0625, 0.25, 0.0625], [0.25, 0.25, 0.25, 0.125, 0.125]])
+
+
+@pytest.mark.parametrize(
+    "top_p, kept_first, kept_second",
+    [
+        (1e-9, {1}, {0}),  # the most probable token is always kept (ties: the lower id ranks first)
+        (0.5, {1}, {0, 1}),  # row 1: 0.5 alone reaches 0.5; row 2: 0.25 + 0.25 does
+        (0.5000001, {1, 3}, {0, 1, 2}),
+        (0.75, {1, 3}, {0, 1, 2}),  # 0.5 + 0.25 reaches 0.75 exactly: nothing more
+        (0.875, {1, 3, 0}, {0, 1, 2, 3}),
+        (1.0, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}),
+    ],
+)
+def test_top_p_keeps_the_smallest_set_of_most_probable_tokens_reaching_top_p(top_p, kept_first, kept_second):
+    keep = keep_top_p(DYADIC, top_p)
+    assert keep.dtype == bool and keep.shape == DYADIC.shape
+    assert set(np.flatnonzero(keep[0])) == kept_first
+    assert set(np.flatnonzero(keep[1])) == kept_second
+
+
+def test_top_k_keeps_the_k_largest_and_every_token_tied_with_the_kth():
+    logits = np.array([[1.0, 3.0, 3.0, 2.0, 3.0], [0.0, -1.0, 5.0, 4.0, 4.5]])
+    kept = lambda k: [set(np.flatnonzero(np.isfinite(row))) for row in keep_top_k(logits, k)]  # noqa: E731
+    assert kept(1) == [{1, 2, 4}, {2}]  # three tokens tied at the top: all kept (as nanoGPT does)
+    assert kept(2) == [{1, 2, 4}, {2, 4}]
+    assert kept(4) == [{1, 2, 3, 4}, {0, 2, 3, 4}]
+    assert kept(99) == [{0, 1, 2, 3, 4}] * 2  # more than the vocabulary: every token
+    np.testing.assert_array_equal(keep_top_k(logits, 2)[1, [2, 4]], [5.0, 4.5])  # kept logits unchanged
+
+
+def test_sample_draws_only_the_kept_tokens_and_each_of_them():
+    rng = np.random.default_rng(0)
+    logits = np.log(np.array([[0.5, 0.25, 0.125, 0.0625, 0.0625]]))
+    draws = lambda **kw: {int(sample(logits, 1.0, rng=rng, **kw)[0]) for _ in range(400)}  # noqa: E731
+    assert draws(top_k=None, top_p=0.7) == {0, 1}  # 0.5 + 0.25 >= 0.7
+    assert draws(top_k=None, top_p=0.8) == {0, 1, 2}
+    assert draws(top_k=2, top_p=None) == {0, 1}
+    assert draws(top_k=None, top_p=None) == {0, 1, 2, 3, 4}
+    tied = np.array([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    assert {int(sample(tied, 1.0, 1, None, rng)[0]) for _ in range(200)} == {1, 2, 4}
+    np.testing.assert_array_equal(sample(np.array([[0.0, 2.0, 1.0], [5.0, 0.0, 1.0]]), 0, None, None, rng), [1, 0])
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_sample_draws_from_softmax_of_the_logits_divided_by_the_temperature(temperature):
+    """The same generator state draws the same token from the same probabilities: the probabilities
+    softmax(logits / temperature) are written out here, and each draw compared."""
+    logits = np.array([[0.3, -1.2, 2.0, 0.0, 1.1]])
+    scaled = np.exp(logits[0] / temperature - np.max(logits[0] / temperature))
+    probs = scaled / scaled.sum()
+    for seed in range(40):
+        expected = np.random.default_rng(seed).choice(5, p=probs)
+        assert sample(logits, temperature, None, None, np.random.default_rng(seed))[0] == expected, seed
+
+
+# ================================================================================= the context window
+
+
+def expected_windows(block_size, prompt_length, steps):
+    """The window rule written out by hand, step by step, for the tests below (not the model's code)."""
+    table = {
+        (8, 3, 12): [0, 0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 10],  # full at exactly 8 tokens; at 9, the last 4
+        (8, 10, 6): [2, 7, 7, 7, 7, 7],  # a prompt longer than the block: its last 8 tokens, then the last 4
+        (3, 2, 7): [0, 0, 3, 3, 3, 6, 6],  # block 3 keeps the last 1 (3 // 2)
+        (1, 1, 5): [0, 1, 2, 3, 4],  # block 1: the window is the last token alone
+        (2, 1, 6): [0, 0, 2, 2, 4, 4],
+    }
+    starts = table[(block_size, prompt_length, steps)]
+    return [(start, prompt_length + step) for step, start in enumerate(starts)]
+
+
+@pytest.mark.parametrize("block_size, prompt_length, steps", [(8, 3, 12), (8, 10, 6), (3, 2, 7), (1, 1, 5), (2, 1, 6)])
+@pytest.mark.parametrize("options", OPTIONS[:2], ids=["learned", "rope"])
+def test_generation_sees_exactly_the_window_of_the_rule(block_size, prompt_length, steps, options, kernel_set):
+    """Each generated token's logits, cached and uncached, against the module forward of the window
+    the rule gives, computed here by hand: the window is full at exactly block_size tokens and moves
+    one token later. (block_size 1 failed before: its window was left empty.)"""
+    mt.manual_seed(0)
+    config = GPTConfig(vocab_size=7, block_size=block_size, n_layer=2, n_head=2, n_embd=8, **options)
+    model = GPT(config, dtype=mt.float64)
+    prompt = np.random.default_rng(4).integers(0, 7, (2, prompt_length))
+    runs = {cached: list(model.generate_tokens(prompt, steps, temperature=0, use_kv_cache=cached)) for cached in (True, False)}
+    sequence = np.concatenate([prompt] + [token[:, None] for token, _ in runs[True]], axis=1)
+    with mt.no_grad():
+        for step, (start, end) in enumerate(expected_windows(block_size, prompt_length, steps)):
+            expected = model(sequence[:, start:end])[0].data[:, -1]  # (B, V)
+            np.testing.assert_array_equal(runs[True][step][0], expected.argmax(-1))
+            for cached, generated in runs.items():
+                np.testing.assert_allclose(generated[step][1], expected, rtol=1e-9, atol=1e-11, err_msg=f"step {step}, cached={cached}")
+
+
+@pytest.mark.parametrize("options", OPTIONS[:2], ids=["learned", "rope"])
+def test_forward_with_a_cache_and_an_offset_equals_the_full_forward(options, kernel_set):
+    """Chunks of a sequence through the caches (offsets 0, 3, 4) give the logits of the full forward
+    at the same positions: the offset moves the position embedding or rotation, and a chunk's
+    queries attend to the cached keys before them."""
+    model = perturbed(mt.float64, **options)
+    tokens = np.random.default_rng(3).integers(0, 7, (2, 8))
+    with mt.no_grad():
+        full = model(tokens)[0].data  # (B, 8, V)
+        caches = model.new_caches(2)
+        for begin, end in ((0, 3), (3, 4), (4, 8)):
+            chunk = model(tokens[:, begin:end], caches=caches, offset=begin)[0].data
+            np.testing.assert_allclose(chunk, full[:, begin:end], rtol=1e-10, atol=1e-12, err_msg=f"tokens {begin}..{end}")
+        assert all(cache.length == 8 for cache in caches)
+        if options["pos"] == "learned":  # (rotations depend only on distances: a shift changes nothing)
+            # Without a cache, an offset still moves the learned positions.
+            shifted = model(tokens[:, 4:8], offset=4)[0].data
+            assert not np.allclose(shifted, model(tokens[:, 4:8])[0].data)
+
+
+@needs_the_jit
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_decode_with_a_square_head_equals_the_module_forward(tie_weights, pos):
+    """vocab_size == n_embd, so that the head (C, V) and its transpose have the same shape: a decode
+    path that used wte without the transpose (or lm_head when tied) would run and be wrong."""
+    from microtensor.fast.decode import decode, decode_weights
+
+    mt.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=8, block_size=6, n_layer=1, n_head=2, n_embd=8, pos=pos, tie_weights=tie_weights), dtype=mt.float64)
+    rng = np.random.default_rng(12)
+    for param in model.parameters():
+        param.data[...] += rng.normal(0.0, 0.3, param.shape)
+    assert ("lm_head.weight" in dict(model.named_parameters())) != tie_weights
+    tokens = rng.integers(0, 8, (2, 6))
+    weights = decode_weights(model)
+    head = model.transformer.wte.weight.data.T if tie_weights else model.lm_head.weight.data
+    np.testing.assert_array_equal(weights.lm_head, head)
+    keys, values = model.new_cache_arrays(2)
+    with mt.no_grad(), mt.using_kernels("readable"):
+        full = model(tokens)[0].data
+        for t in range(6):
+            np.testing.assert_allclose(decode(weights, tokens[:, t], t, keys, values), full[:, t], rtol=1e-10, atol=1e-12)
+
+
+# ================================================================================= checks (issue 12)
+
+
+@pytest.mark.parametrize("bad_id", [7, -1, 10**6])
+@pytest.mark.parametrize("prompt_length", [1, 3])
+def test_generate_refuses_ids_outside_the_vocabulary(bad_id, prompt_length, kernel_set):
+    """Before: a one-token prompt went straight to the fast decode kernel, which read outside the
+    embedding table (garbage for id 7 = V, the last row for -1, a segfault for 10**6)."""
+    model = tiny(dtype=mt.float32)
+    prompt = np.full((1, prompt_length), 2)
+    prompt[0, -1] = bad_id
+    for use_kv_cache in (True, False):
+        with pytest.raises(InputError, match=rf"generate: token id {bad_id} is outside the vocabulary; ids must be in \[0, 7\)"):
+            model.generate(prompt, 2, temperature=0, use_kv_cache=use_kv_cache)
+    with pytest.raises(InputError, match=rf"generate_tokens: token id {bad_id} is outside"):
+        model.generate_tokens(prompt, 2)  # when called, not at the first step
+    with pytest.raises(InputError, match=rf"GPT: token id {bad_id} is outside the vocabulary"):
+        model(prompt)
+
+
+BAD_GENERATE_ARGUMENTS = [
+    (np.array([[1.7, 2.0]]), {}, InputTypeError, "idx must hold integer token ids, got float64"),
+    (np.array([[True, False]]), {}, InputTypeError, "idx must hold integer token ids, got bool"),
+    (np.array([1, 2]), {}, InputError, r"idx must be \(B, T\) with B >= 1 and T >= 1, got shape \(2,\)"),
+    (np.zeros((1, 2, 3), dtype=np.int64), {}, InputError, r"got shape \(1, 2, 3\)"),
+    (np.zeros((0, 3), dtype=np.int64), {}, InputError, r"got shape \(0, 3\)"),
+    (np.zeros((2, 0), dtype=np.int64), {}, InputError, r"got shape \(2, 0\)"),
+    ([[1, 2], [3]], {}, InputError, "ragged"),
+    ([[1, 2]], {"max_new_tokens": -1}, InputError, "max_new_tokens must be an int >= 0, got -1"),
+    ([[1, 2]], {"max_new_tokens": 2.5}, InputError, "max_new_tokens must be an int >= 0, got 2.5"),
+    ([[1, 2]], {"temperature": -1.0}, InputError, "temperature must be a finite number >= 0"),
+    ([[1, 2]], {"temperature": float("nan")}, InputError, "temperature must be a finite number >= 0"),
+    ([[1, 2]], {"temperature": float("inf")}, InputError, "temperature must be a finite number >= 0"),
+    ([[1, 2]], {"top_k": 0}, InputError, "top_k must be None or an int >= 1, got 0"),
+    ([[1, 2]], {"top_k": 1.5}, InputError, "top_k must be None or an int >= 1, got 1.5"),
+    ([[1, 2]], {"top_p": 0.0}, InputError, r"top_p must be None or a number in \(0, 1\]"),
+    ([[1, 2]], {"top_p": 1.5}, InputError, r"top_p must be None or a number in \(0, 1\]"),
+    ([[1, 2]], {"top_p": float("nan")}, InputError, r"top_p must be None or a number in \(0, 1\]"),
+    ([[1, 2]], {"use_kv_cache": "yes"}, InputTypeError, "use_kv_cache must be True or False"),
+    ([[1, 2]], {"seed": -3}, InputError, "seed must be None or an int >= 0"),
+]
+
+
+@pytest.mark.parametrize("prompt, kwargs, error, message", BAD_GENERATE_ARGUMENTS, ids=[case[3][:28] for case in BAD_GENERATE_ARGUMENTS])
+def test_generate_checks_every_argument_before_generating(prompt, kwargs, error, message):
+    model = tiny(dtype=mt.float32)
+    kwargs = {"max_new_tokens": 3, "temperature": 0, **kwargs}
+    with pytest.raises(error, match="generate: .*" + message):
+        model.generate(prompt, **kwargs)
+    with pytest.raises(error, match="generate_tokens: .*" + message):
+        model.generate_tokens(prompt, **kwargs)
+
+
+def test_generate_takes_lists_tensors_and_zero_new_tokens():
+    model = tiny(dtype=mt.float32)
+    a = model.generate([[1, 2]], 3, temperature=0).numpy()
+    b = model.generate(mt.tensor(np.array([[1, 2]])), np.int64(3), temperature=0).numpy()
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(model.generate([[1, 2]], 0).numpy(), [[1, 2]])
+
+
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        ({"vocab_size": 3.5}, InputTypeError, "vocab_size must be an int, got float 3.5"),
+        ({"vocab_size": "65"}, InputTypeError, "vocab_size must be an int, got str"),
+        ({"n_layer": True}, InputTypeError, "n_layer must be an int, got bool"),
+        ({"block_size": 0}, InputError, "block_size must be a positive integer, got 0"),
+        ({"n_head": -2}, InputError, "n_head must be a positive integer"),
+        ({"dropout": "0.1"}, InputTypeError, "dropout must be a number"),
+        ({"dropout": float("nan")}, InputError, r"dropout must be in \[0, 1\)"),
+        ({"dropout": 1.0}, InputError, r"dropout must be in \[0, 1\)"),
+        ({"bias": "no"}, InputTypeError, "bias must be True or False, got str 'no'"),
+        ({"tie_weights": 1}, InputTypeError, "tie_weights must be True or False, got int 1"),
+        ({"norm": 3}, InputTypeError, "norm must be one of"),
+        ({"mlp": "relu"}, InputError, "mlp must be one of"),
+        ({"pos": None}, InputTypeError, "pos must be one of"),
+        ({"pos": "rope", "n_embd": 6, "n_head": 2}, InputError, "rope needs an even head size, got 3"),
+    ],
+    ids=lambda x: str(x)[:28] if isinstance(x, dict) else "",
+)
+def test_gpt_config_checks_every_field_and_its_type(fields, error, message):
+    with pytest.raises(error, match="GPTConfig: " + message):
+        GPTConfig(**{"vocab_size": 5, "n_embd": 8, "n_head": 2, **fields})
+
+
+def test_gpt_config_takes_numpy_integers_as_ints():
+    config = GPTConfig(vocab_size=np.int64(5), n_embd=np.int32(8), n_head=2)
+    assert type(config.vocab_size) is int and type(config.n_embd) is int
+    import json
+
+    json.dumps(config.to_dict())  # plain JSON, as a checkpoint stores it
+
+
+def test_forward_checks_the_offset_and_the_caches():
+    model = tiny()
+    tokens = np.array([[1, 2, 3]])
+    with pytest.raises(InputError, match="GPT: offset must be an int >= 0, got -1"):
+        model(tokens, offset=-1)  # before: position -1 read wpe's last row
+    with pytest.raises(InputError, match="GPT: offset must be an int >= 0, got 1.5"):
+        model(tokens, offset=1.5)
+    with pytest.raises(InputError, match="idx must be an integer tensor"):
+        model([[1.5, 2.0]])
+    caches = model.new_caches(1)
+    model(tokens, caches=caches, offset=0)
+    with pytest.raises(InputError, match="offset is 2, but the cache of layer 0 holds 3 positions"):
+        model(tokens[:, :1], caches=caches, offset=2)  # before: keys at 3, positions at 2
+    with pytest.raises(InputError, match=r"the cache of layer 0 holds keys \(1, 2, 8, 4\)"):
+        model(np.zeros((2, 1), dtype=np.int64), caches=caches, offset=3)  # a batch of 2 on caches for 1
+    with pytest.raises(InputTypeError, match="caches must be a list of 2 KVCaches"):
+        model(tokens, caches=caches[:1], offset=3)
+    with pytest.raises(InputError, match="new_cache_arrays: batch must be an int >= 1, got 0"):
+        model.new_cache_arrays(0)
+    with pytest.raises(InputTypeError, match="GPT: expected a GPTConfig, got dict"):
+        GPT({"vocab_size": 5})
+
+
+def test_decode_checks_what_its_kernel_would_index():
+    """Before: a batch larger than the cache arrays was written out of bounds, and tokens were not
+    checked against the vocabulary. Every check runs before the kernel, so no JIT is needed."""
+    from microtensor.fast.decode import decode, decode_weights
+
+    model = tiny(dtype=mt.float32)
+    weights = decode_weights(model)
+    keys, values = model.new_cache_arrays(2)
+    tokens = np.array([1, 2])
+    with pytest.raises(InputError, match=r"decode: keys has shape \(2, 2, 2, 8, 4\), expected .* with B = 3 tokens"):
+        decode(weights, np.array([1, 2, 3]), 0, keys, values)
+    with pytest.raises(InputError, match=r"decode: position 8 is outside the cache of 8 positions"):
+        decode(weights, tokens, 8, keys, values)
+    with pytest.raises(InputError, match=r"decode: position -1 is outside"):
+        decode(weights, tokens, -1, keys, values)
+    with pytest.raises(InputError, match=r"decode: token id 7 is outside the vocabulary"):
+        decode(weights, np.array([1, 7]), 0, keys, values)
+    with pytest.raises(InputError, match=r"decode: tokens must be \(B,\) integer ids"):
+        decode(weights, np.array([1.0, 2.0]), 0, keys, values)
+    with pytest.raises(InputTypeError, match=r"decode: values must be a writeable float32 array"):
+        decode(weights, tokens, 0, keys, values.astype(np.float64))
+    with pytest.raises(InputError, match=r"decode: values has shape"):
+        decode(weights, tokens, 0, keys, values[:, :, :, :4])
+    with pytest.raises(InputTypeError, match="decode: weights must be a DecodeWeights"):
+        decode(model, tokens, 0, keys, values)

@@ -120,3 +120,75 @@ def test_inputs_are_restored_after_the_check():
     before = x.data.copy()
     gradcheck(make_function(correct_backward).apply, (x, w))
     np.testing.assert_array_equal(x.data, before)
+
+
+def nan_backward(ctx, g):
+    grad_x, grad_w = correct_backward(ctx, g)
+    grad_w = grad_w.copy()
+    grad_w[1, 2] = np.nan  # one NaN among right values
+    return grad_x, grad_w
+
+
+def test_a_nan_from_backward_fails_with_a_clear_report():
+    with pytest.raises(GradcheckError, match=r"at index \(1, 2\) backward gives nan .* backward gave NaN \(not a number\)") as info:
+        gradcheck(make_function(nan_backward).apply, inputs())
+    assert info.value.input_index == 1 and np.isnan(info.value.analytic)
+    assert gradcheck(make_function(nan_backward).apply, inputs(), raise_exception=False) is False
+
+
+def test_a_nan_from_the_finite_differences_fails_too():
+    class NanAway(Function):
+        """y = 2x at x, NaN anywhere else: the finite differences see NaN, backward says 2."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return np.where(x == ORIGIN, 2 * x, np.nan)
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            return 2 * grad_out
+
+    ORIGIN = np.array([0.5, 1.5])
+    x = mt.tensor(ORIGIN.copy(), requires_grad=True)
+    with pytest.raises(GradcheckError, match="the finite differences gave NaN"):
+        gradcheck(NanAway.apply, [x])
+
+
+def test_tolerances_of_zero_pass_only_exact_agreement():
+    x = mt.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    assert gradcheck(lambda x: x * 0.0, [x], atol=0.0, rtol=0.0)  # 0 == 0 exactly
+    with pytest.raises(GradcheckError):
+        gradcheck(mt.functional.exp, [x], atol=0.0, rtol=0.0)  # rounding in the differences
+
+
+@pytest.mark.parametrize(
+    "options, kind, message",
+    [
+        ({"eps": 0}, mt.InputError, r"gradcheck: eps must be > 0 and finite, got 0"),
+        ({"eps": -1e-6}, mt.InputError, "eps must be > 0"),
+        ({"eps": float("nan")}, mt.InputError, "eps must be > 0 and finite, got nan"),
+        ({"atol": -1.0}, mt.InputError, "atol must be >= 0 and finite"),
+        ({"rtol": float("inf")}, mt.InputError, "rtol must be >= 0 and finite, got inf"),
+        ({"eps": "small"}, mt.InputTypeError, "eps must be a number"),
+        ({"max_elements": 0}, mt.InputError, "max_elements must be >= 1"),
+        ({"seed": 1.5}, mt.InputTypeError, "seed must be an int"),
+        ({"raise_exception": "no"}, mt.InputTypeError, "raise_exception must be True or False"),
+    ],
+)
+def test_options_are_checked(options, kind, message):
+    with pytest.raises(kind, match=message):
+        gradcheck(make_function(correct_backward).apply, inputs(), **options)
+
+
+def test_fn_and_inputs_are_checked():
+    x, w = inputs()
+    with pytest.raises(mt.InputTypeError, match="fn must be callable"):
+        gradcheck("exp", [x])
+    with pytest.raises(mt.InputTypeError, match="inputs must be a list or tuple"):
+        gradcheck(mt.functional.exp, x)
+    with pytest.raises(mt.InputTypeError, match="fn must return a Tensor, got ndarray"):
+        gradcheck(lambda x: x.data, [x])
+
+
+def test_gradcheck_error_is_a_microtensor_error_and_an_assertion():
+    assert issubclass(GradcheckError, mt.MicrotensorError) and issubclass(GradcheckError, AssertionError)

@@ -4,6 +4,8 @@ import pytest
 
 import microtensor as mt
 import microtensor.nn as nn
+from microtensor.errors import InputError, InputTypeError, MicrotensorError
+from microtensor.nn import StateDictError
 from microtensor.optim import SGD
 
 
@@ -376,3 +378,81 @@ def test_tiny_mlp_trained_with_sgd_lowers_its_loss():
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0]
     assert all(p.dtype == np.float32 for p in model.parameters())
+
+
+# ================================================================================= checks (issue 12)
+# Each of these was accepted before (a float size rounded or crashing in numpy, an eps < 0 giving
+# nan, an input of the wrong width failing deep in an op without naming the layer).
+
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: nn.Linear(2.5, 3), InputTypeError, "Linear: in_features must be an int, got float 2.5"),
+        (lambda: nn.Linear(0, 3), InputError, "Linear: in_features must be >= 1, got 0"),
+        (lambda: nn.Linear(2, -1), InputError, "Linear: out_features must be >= 1, got -1"),
+        (lambda: nn.Linear(True, 3), InputTypeError, "Linear: in_features must be an int"),
+        (lambda: nn.Linear(2, 3, bias="no"), InputTypeError, "Linear: bias must be True or False"),
+        (lambda: nn.Linear(2, 3, dtype=np.int32), InputTypeError, "Linear: dtype must be float32 or float64"),
+        (lambda: nn.Linear(2, 3, dtype="banana"), InputTypeError, "Linear: dtype must be float32 or float64"),
+        (lambda: nn.Embedding(0, 4), InputError, "Embedding: num_embeddings must be >= 1"),
+        (lambda: nn.Embedding(5, "4"), InputTypeError, "Embedding: embedding_dim must be an int"),
+        (lambda: nn.LayerNorm(0), InputError, "LayerNorm: dim must be >= 1"),
+        (lambda: nn.LayerNorm(4, eps=-1e-5), InputError, "LayerNorm: eps must be > 0 and finite"),
+        (lambda: nn.LayerNorm(4, eps=float("nan")), InputError, "LayerNorm: eps must be > 0 and finite"),
+        (lambda: nn.LayerNorm(4, bias=None), InputTypeError, "LayerNorm: bias must be True or False"),
+        (lambda: nn.RMSNorm(4, eps=0.0), InputError, "RMSNorm: eps must be > 0 and finite"),
+        (lambda: nn.RMSNorm(4.0), InputTypeError, "RMSNorm: dim must be an int"),
+        (lambda: nn.Dropout("0.1"), InputTypeError, "Dropout: p must be a number"),
+        (lambda: nn.Dropout(float("nan")), InputError, r"Dropout: p must be in \[0, 1\)"),
+    ],
+)
+def test_layer_constructors_check_their_arguments(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_layer_constructors_take_numpy_integers():
+    layer = nn.Linear(np.int64(3), np.int32(2))
+    assert layer.weight.shape == (3, 2) and type(layer.in_features) is int
+
+
+@pytest.mark.parametrize(
+    "layer, x, error, message",
+    [
+        (nn.Linear(3, 4), mt.ones(2, 5), InputError, r"Linear\(in_features=3, out_features=4, bias=True\): expected an input whose last dim is 3, got shape \(2, 5\)"),
+        (nn.Linear(3, 4), mt.tensor(np.ones((2, 3))), InputTypeError, r"Linear\(.*\): expected a float32 input \(the layer's dtype\), got float64"),
+        (nn.Linear(3, 4), np.ones((2, 3), dtype=np.float32), InputTypeError, r"Linear\(.*\): expected a Tensor input, got ndarray"),
+        (nn.Linear(3, 4), mt.tensor(1.0), InputError, r"last dim is 3, got shape \(\)"),
+        (nn.LayerNorm(4), mt.ones(2, 3), InputError, r"LayerNorm\(4, eps=1e-05, bias=True\): expected an input whose last dim is 4"),
+        (nn.RMSNorm(4), mt.ones(2, 3), InputError, r"RMSNorm\(4, eps=1e-05\): expected an input whose last dim is 4"),
+        (nn.Embedding(5, 3), mt.tensor(np.array([1, 5])), InputError, r"Embedding\(5, 3\): id 5 is out of range; ids must be in \[0, 5\)"),
+        (nn.Embedding(5, 3), mt.tensor(np.array([-1])), InputError, r"Embedding\(5, 3\): id -1 is out of range"),
+        (nn.Embedding(5, 3), mt.tensor(np.array([1.0])), InputTypeError, r"Embedding\(5, 3\): ids must be integers, got float64"),
+        (nn.Embedding(5, 3), [1, 2], InputTypeError, r"Embedding\(5, 3\): expected a Tensor of ids, got list"),
+        (nn.Dropout(0.1), [1.0], InputTypeError, r"Dropout\(p=0.1\): expected a Tensor input, got list"),
+    ],
+    ids=lambda x: type(x).__name__,
+)
+def test_layer_forward_checks_its_input_and_names_the_layer(layer, x, error, message):
+    with pytest.raises(error, match=message):
+        layer(x)
+
+
+def test_load_state_dict_errors_are_the_projects_and_still_runtime_errors():
+    layer = nn.Linear(2, 3)
+    with pytest.raises(StateDictError, match="Linear.load_state_dict: nothing was loaded") as error:
+        layer.load_state_dict({"weight": np.ones((3, 2), dtype=np.float32), "bias": np.zeros(3, dtype=np.float32)})
+    assert isinstance(error.value, MicrotensorError) and isinstance(error.value, RuntimeError)
+    with pytest.raises(InputTypeError, match="Linear.load_state_dict: expected a dict of arrays"):
+        layer.load_state_dict([np.ones((2, 3))])
+    with pytest.raises(InputTypeError, match="strict must be True or False"):
+        layer.load_state_dict(layer.state_dict(), strict="no")
+
+
+def test_train_mode_must_be_a_bool_and_module_list_indices_ints():
+    with pytest.raises(InputTypeError, match="Linear.train: mode must be True or False"):
+        nn.Linear(2, 2).train("eval")  # a non-empty string would have meant True
+    with pytest.raises(InputTypeError, match="ModuleList: an index must be an int or a slice, got str"):
+        nn.ModuleList([nn.Linear(1, 1)])["0"]

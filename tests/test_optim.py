@@ -8,6 +8,8 @@ import pytest
 
 import microtensor.nn as nn
 import microtensor.optim as optim
+from microtensor.errors import InputError, InputTypeError, MicrotensorError
+from microtensor.nn import StateDictError
 from microtensor.optim import SGD, Adam, AdamW, clip_grad_norm, cosine_with_warmup, weight_decay_groups
 
 
@@ -55,11 +57,12 @@ def test_first_three_steps_match_the_formulas(decoupled, kernel_set):
 
 
 def test_first_adam_step_moves_each_weight_by_lr():
-    # With m and v bias-corrected, step 1 is lr * g / (|g| + eps): a move of ~lr against the sign of g.
+    # With m and v bias-corrected, step 1 is lr * g / (|g| + eps): a move of ~lr against the sign of g
+    # (eps must be > 0; at 1e-30 it is far below the rounding of |g| ~ 1).
     params = make_params()
     start = [p.data.copy() for p in params]
     grads = grads_for_steps(params, 1)
-    run(Adam(params, lr=0.1, eps=0.0), params, grads)
+    run(Adam(params, lr=0.1, eps=1e-30), params, grads)
     for p, p0, g in zip(params, start, grads[0]):
         np.testing.assert_allclose(p.data, p0 - 0.1 * np.sign(g), rtol=1e-12)
 
@@ -396,3 +399,238 @@ def test_kernels_are_compiled_for_float32_without_float64_scalars():
     for kernel in (optim.adamw_update, optim.sgd_update):
         float32_signatures = [s for s in kernel.signatures if "float32" in str(s[0])]
         assert float32_signatures and all("float64" not in str(s) for s in float32_signatures), kernel.signatures
+
+
+# ================================================================================= checks (issue 12)
+# Each test below failed before the checks it names were written: the bad value was accepted, and
+# the optimizer went on to produce nan weights, to read outside an array, or to do nothing.
+
+
+BAD_HYPERPARAMETERS = [
+    (SGD, {"lr": float("nan")}, InputError, "lr must be >= 0 and finite"),
+    (SGD, {"lr": float("inf")}, InputError, "lr must be >= 0 and finite"),
+    (SGD, {"lr": "0.1"}, InputTypeError, "lr must be a number"),
+    (SGD, {"lr": 0.1, "momentum": 1.0}, InputError, r"momentum must be in \[0, 1\)"),
+    (SGD, {"lr": 0.1, "momentum": -0.5}, InputError, r"momentum must be in \[0, 1\)"),
+    (SGD, {"lr": 0.1, "weight_decay": -1e-3}, InputError, "weight_decay must be >= 0"),
+    (Adam, {"eps": 0.0}, InputError, "eps must be > 0 and finite"),
+    (Adam, {"eps": float("nan")}, InputError, "eps must be > 0 and finite"),
+    (Adam, {"betas": (2, 2)}, InputError, r"betas must be in \[0, 1\)"),
+    (Adam, {"betas": (0.9, float("nan"))}, InputError, r"betas must be in \[0, 1\)"),
+    (AdamW, {"betas": (-0.1, 0.9)}, InputError, r"betas must be in \[0, 1\)"),
+    (AdamW, {"betas": 0.9}, InputTypeError, "betas must be a pair"),
+    (AdamW, {"betas": (0.9, 0.99, 0.999)}, InputTypeError, "betas must be a pair"),
+    (AdamW, {"weight_decay": float("inf")}, InputError, "weight_decay must be >= 0 and finite"),
+    (AdamW, {"lr": True}, InputTypeError, "lr must be a number"),
+]
+
+
+@pytest.mark.parametrize("cls, kwargs, error, message", BAD_HYPERPARAMETERS, ids=lambda x: repr(x)[:30])
+def test_bad_hyperparameters_are_refused_in_the_constructor_and_in_param_groups(cls, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        cls(make_params(), **kwargs)
+    good = {"lr": 0.1} if cls is SGD else {}
+    with pytest.raises(error, match="param group 1: " + message):
+        cls([{"params": make_params()[:1]}, {"params": make_params(seed=1)[1:], **kwargs}], **good)
+
+
+def test_a_group_holding_a_single_parameter_takes_it_whole_not_its_rows():
+    p = nn.Parameter(np.ones((3, 2)))
+    opt = SGD([{"params": p}], lr=0.5)  # iterating p would give its 3 rows, non-leaf Tensors
+    assert opt.param_groups[0]["params"] == [p] or opt.param_groups[0]["params"][0] is p
+    p.grad = np.ones((3, 2))
+    opt.step()
+    np.testing.assert_array_equal(p.data, np.full((3, 2), 0.5))
+
+
+@pytest.mark.parametrize("value", [float("nan"), -0.1, float("inf")])
+def test_a_schedule_setting_a_bad_lr_is_refused_at_the_step_before_any_weight_moves(value):
+    params = make_params()
+    start = [p.data.copy() for p in params]
+    opt = AdamW(weight_decay_groups(params, 0.1), lr=0.01)
+    for p in params:
+        p.grad = np.ones_like(p.data)
+    opt.param_groups[1]["lr"] = value  # the second group: the first one's weights must not move either
+    with pytest.raises(InputError, match=r"AdamW.step: param group 1: lr must be >= 0 and finite"):
+        opt.step()
+    for p, p0 in zip(params, start):
+        assert np.array_equal(p.data, p0)
+    assert opt.state == {} or all(state["step"] == 0 for state in opt.state.values())
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam, AdamW])
+@pytest.mark.parametrize(
+    "grad, error, message",
+    [
+        (np.ones(2), InputError, r"\.grad has shape \(2,\), expected the shape of \.data, \(3, 4\)"),
+        (np.ones((4, 3)), InputError, r"\.grad has shape \(4, 3\)"),
+        (np.ones((3, 4), dtype=np.float32), InputTypeError, r"\.grad has dtype float32, expected the dtype of \.data, float64"),
+        ([[1.0] * 4] * 3, InputTypeError, r"\.grad must be a numpy array like \.data, got list"),
+    ],
+    ids=["too-small", "transposed", "float32", "list"],
+)
+def test_a_user_assigned_grad_that_does_not_fit_is_an_error_not_a_read_outside_it(cls, grad, error, message, kernel_set):
+    params = make_params()  # (3, 4) and (4,), float64
+    start = [p.data.copy() for p in params]
+    opt = cls(params, lr=0.1)
+    params[1].grad = np.ones(4)
+    params[0].grad = grad
+    with pytest.raises(error, match=r"step: parameter 0 \(param group 0, shape \(3, 4\)\): " + message):
+        opt.step()
+    for p, p0 in zip(params, start):  # checked before any kernel ran: nothing moved
+        assert np.array_equal(p.data, p0)
+
+
+def test_a_non_contiguous_grad_is_used_by_value():
+    p = nn.Parameter(np.zeros((3, 4)))
+    p.grad = np.arange(12.0).reshape(4, 3).T  # the right shape, transposed in memory
+    expected = -0.5 * np.arange(12.0).reshape(4, 3).T
+    SGD([p], lr=0.5).step()
+    np.testing.assert_array_equal(p.data, expected)
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam, AdamW])
+@pytest.mark.parametrize("new_data", [np.zeros((30, 40)), np.zeros((3, 4), dtype=np.float32)], ids=["larger", "float32"])
+def test_param_data_replaced_after_the_first_step_is_an_error_naming_the_parameter(cls, new_data, kernel_set):
+    params = make_params()
+    opt = cls(params, lr=0.1)
+    for p in params:
+        p.grad = np.ones_like(p.data)
+    opt.step()
+    params[0].data = new_data  # the state (momentum buffer, m, v) still has the old shape and dtype
+    params[0].grad = np.ones_like(new_data)
+    with pytest.raises(InputError, match=r"parameter 0 \(param group 0, .*\.data is now .* but the optimizer's state .* was made for \(3, 4\) float64"):
+        opt.step()
+
+
+def test_load_state_dict_refuses_nan_lr_bad_betas_and_bad_state_values():
+    params = make_params()
+    opt = Adam(params, lr=0.01)
+    run(opt, params, grads_for_steps(params, 2))
+    good = opt.state_dict()
+    cases = {
+        "group.0.lr": (np.array(np.nan), "group.0.lr: lr must be >= 0 and finite, got nan"),
+        "group.0.betas": (np.array([2.0, 2.0]), r"group.0.betas: betas must be in \[0, 1\), got \(2.0, 2.0\)"),
+        "group.0.eps": (np.array(0.0), "group.0.eps: eps must be > 0"),
+        "group.0.num_params": (np.array(2.5), "group 0 holds 2 params, the state dict"),
+        "param.0.step": (np.array(-1), r"param.0.step must be an integer >= 0"),
+        "param.1.v": (-np.ones(4), "param.1.v holds a negative value"),
+        "param.0.m": (np.full((3, 4), np.nan), "param.0.m holds an inf or a nan"),
+    }
+    for key, (value, message) in cases.items():
+        fresh_params = make_params()
+        fresh = Adam(fresh_params, lr=0.5)
+        with pytest.raises(StateDictError, match=message):
+            fresh.load_state_dict({**good, key: value})
+        assert fresh.param_groups[0]["lr"] == 0.5 and fresh.state == {}  # nothing was loaded
+    with pytest.raises(InputTypeError, match="Adam.load_state_dict: expected a dict"):
+        Adam(make_params()).load_state_dict([("group.0.lr", 0.1)])
+    # The error is the project's, and still the RuntimeError it always was.
+    assert issubclass(StateDictError, MicrotensorError) and issubclass(StateDictError, RuntimeError)
+
+
+def test_a_key_added_to_a_group_after_construction_is_kept_and_saved():
+    params = make_params()
+    opt = SGD(params, lr=0.1)
+    opt.param_groups[0]["initial_lr"] = 0.1  # as a schedule may note it
+    for p in params:
+        p.grad = np.ones_like(p.data)
+    opt.step()
+    other = SGD(make_params(), lr=0.5)
+    other.param_groups[0]["initial_lr"] = 0.0
+    other.load_state_dict(opt.state_dict())
+    assert other.param_groups[0]["initial_lr"] == 0.1 and other.param_groups[0]["lr"] == 0.1
+
+
+def test_optimizer_constructor_type_errors():
+    with pytest.raises(InputTypeError, match="SGD: expected a list of Parameters"):
+        SGD(3, lr=0.1)
+    with pytest.raises(InputTypeError, match="put a single param group in a list"):
+        SGD({"params": make_params()}, lr=0.1)
+    with pytest.raises(InputError, match="weight_decay_groups: weight_decay must be >= 0"):
+        weight_decay_groups(make_params(), -0.1)
+
+
+# ================================================================================= clipping checks
+
+
+@pytest.mark.parametrize("max_norm", [-1.0, 0.0, float("nan"), float("inf")])
+def test_clip_grad_norm_refuses_a_max_norm_that_is_not_finite_and_positive(max_norm):
+    # Before: -1 flipped every gradient's sign, 0 erased them all.
+    (p,) = make_params(shapes=((3,),))
+    p.grad = np.array([3.0, 4.0, 0.0])
+    with pytest.raises(InputError, match=f"clip_grad_norm: max_norm must be > 0 and finite, got {max_norm}"):
+        clip_grad_norm([p], max_norm)
+    np.testing.assert_array_equal(p.grad, [3.0, 4.0, 0.0])
+    with pytest.raises(InputTypeError, match="max_norm must be a number"):
+        clip_grad_norm([p], "1.0")
+
+
+def test_clip_grad_norm_takes_a_single_tensor_as_one_parameter():
+    # Before: it iterated the Tensor's rows (Tensors without a gradient) and clipped nothing.
+    p = nn.Parameter(np.zeros((2, 2)))
+    p.grad = np.array([[3.0, 0.0], [0.0, 4.0]])
+    assert clip_grad_norm(p, 1.0) == pytest.approx(5.0)
+    np.testing.assert_allclose(p.grad, np.array([[3.0, 0.0], [0.0, 4.0]]) / (5.0 + 1e-6), rtol=1e-12)
+    with pytest.raises(InputTypeError, match="got the Linear itself"):
+        clip_grad_norm(nn.Linear(2, 2), 1.0)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_clip_grad_norm_with_a_non_finite_norm(bad):
+    a, b = make_params(shapes=((2,), (2,)))
+    a.grad, b.grad = np.array([1.0, bad]), np.array([3.0, 4.0])
+    total = clip_grad_norm([a, b], 1.0)  # the default: report it, change nothing
+    assert not math.isfinite(total)
+    np.testing.assert_array_equal(b.grad, [3.0, 4.0])
+    with pytest.raises(InputError, match=f"total norm of the gradients is {total}"):
+        clip_grad_norm([a, b], 1.0, error_if_nonfinite=True)
+    np.testing.assert_array_equal(b.grad, [3.0, 4.0])
+    with pytest.raises(InputTypeError, match="error_if_nonfinite must be True or False"):
+        clip_grad_norm([a, b], 1.0, error_if_nonfinite="yes")
+
+
+def test_clip_grad_norm_of_large_float32_gradients_does_not_overflow():
+    # 1e20 squared overflows float32 (max ~3.4e38); the true norm, 5e20, is an ordinary float32.
+    p = nn.Parameter(np.zeros(2, dtype=np.float32))
+    p.grad = np.array([3e20, 4e20], dtype=np.float32)
+    assert clip_grad_norm([p], 1.0) == pytest.approx(5e20, rel=1e-6)
+    np.testing.assert_allclose(p.grad, [0.6, 0.8], rtol=1e-5)
+
+
+# ================================================================================= schedule checks
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        ((0, 1.0, 0.1, -1, 5), InputError, "warmup_iters must be >= 0"),
+        ((-1, 1.0, 0.1, 0, 5), InputError, "step must be >= 0"),
+        ((0, float("nan"), 0.1, 0, 5), InputError, "max_lr must be >= 0 and finite"),
+        ((0, 1.0, float("inf"), 0, 5), InputError, "min_lr must be >= 0 and finite"),
+        ((0, -1.0, 0.1, 0, 5), InputError, "max_lr must be >= 0"),
+        ((0, 1.0, 0.1, 2.5, 5), InputTypeError, "warmup_iters must be an integer"),
+        ((0, "1e-3", 0.1, 0, 5), InputTypeError, "max_lr must be a number"),
+        ((0, 1.0, 0.1, 10, 5), InputError, r"lr_decay_iters \(5\) must be >= warmup_iters \(10\)"),
+    ],
+)
+def test_cosine_with_warmup_refuses_bad_arguments(args, error, message):
+    with pytest.raises(error, match="cosine_with_warmup: " + message):
+        cosine_with_warmup(*args)
+
+
+def test_the_version_of_a_parameter_changes_with_each_in_place_update():
+    """A backward through a graph that saved a Parameter's old values must be able to tell that the
+    optimizer changed them in place (the engine's version counter)."""
+    p = make_params(shapes=((3,),))[0]
+    for opt in (SGD([p], lr=0.1), AdamW([p], lr=0.1)):
+        before = p._version
+        p.grad = np.ones(3)
+        opt.step()
+        assert p._version != before
+    # And the engine refuses the backward through the old values.
+    loss = (p * p).sum()
+    p.grad = np.ones(3)
+    SGD([p], lr=0.1).step()
+    with pytest.raises(MicrotensorError, match="in place"):
+        loss.backward()

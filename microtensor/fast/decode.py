@@ -50,11 +50,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import InputError, InputTypeError
 from ..kernels import kernel
 from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
 from ..ops.rope import rope_angles
 from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
-
 
 
 class DecodeWeights(NamedTuple):
@@ -155,13 +155,41 @@ def decode(weights, tokens, position, keys, values):
     """tokens (B,) int at window position `position` -> logits (B, V), a new array.
 
     keys, values (L, B, H, block_size, D): positions 0 .. position - 1 hold the earlier tokens' keys
-    and values; this writes the new tokens' at `position`.
+    and values; this writes the new tokens' at `position`. Everything the kernel will index is
+    checked first (it has no bounds checks): each token in [0, V), the batch and every other dim of
+    the caches against the weights, and the position inside the caches and the position table.
     """
+    if not isinstance(weights, DecodeWeights):
+        raise InputTypeError(f"decode: weights must be a DecodeWeights (from decode_weights(model)), got {type(weights).__name__}")
+    dtype = weights.wte.dtype
+    tokens = np.asarray(tokens)
+    if tokens.dtype.kind not in "iu" or tokens.ndim != 1 or tokens.shape[0] == 0:
+        raise InputError(f"decode: tokens must be (B,) integer ids with B >= 1, got {tokens.dtype} of shape {tokens.shape}")
+    vocab = weights.wte.shape[0]
+    if tokens.min() < 0 or tokens.max() >= vocab:
+        bad = tokens[(tokens < 0) | (tokens >= vocab)][0]
+        raise InputError(f"decode: token id {bad} is outside the vocabulary; ids must be in [0, {vocab})")
+    L, C = weights.ln_1_weight.shape
+    H = weights.n_head
+    expected = (L, tokens.shape[0], H, None, C // H)
+    for name, cache in (("keys", keys), ("values", values)):
+        if not isinstance(cache, np.ndarray) or cache.dtype != dtype or not cache.flags.writeable:
+            raise InputTypeError(f"decode: {name} must be a writeable {dtype} array, got {type(cache).__name__} {getattr(cache, 'dtype', '')}")
+        if cache.ndim != 5 or cache.shape[:3] + cache.shape[4:] != expected[:3] + expected[4:] or cache.shape != keys.shape:
+            raise InputError(
+                f"decode: {name} has shape {cache.shape}, expected (n_layer, B, n_head, block_size, head size) = "
+                f"{expected} with B = {tokens.shape[0]} tokens, and keys and values of one shape"
+            )
+    table = weights.rope_cos.shape[0] if weights.rope else weights.wpe.shape[0]  # rows of the position table
+    limit = min(keys.shape[3], table)
+    if not isinstance(position, (int, np.integer)) or isinstance(position, (bool, np.bool_)) or not 0 <= position < limit:
+        raise InputError(
+            f"decode: position {position!r} is outside the cache of {keys.shape[3]} positions "
+            f"(or the position table of {table} rows); expected an int in [0, {limit})"
+        )
     tokens = np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
-    if not 0 <= position < keys.shape[3]:
-        raise ValueError(f"decode: position {position} is outside the cache of {keys.shape[3]} positions")
     logits = np.empty((tokens.shape[0], weights.lm_head.shape[1]), dtype=weights.lm_head.dtype)
-    decode_step(tokens, position, weights, keys, values, logits)
+    decode_step(tokens, int(position), weights, keys, values, logits)
     return logits
 
 

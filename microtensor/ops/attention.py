@@ -50,10 +50,10 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor
-from .checks import check_float
+from .checks import check_flag, check_float, check_int, check_ndim, check_tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 
@@ -210,37 +210,43 @@ class MultiHeadAttention(Function):
 def multi_head_attention(qkv, n_head, causal=True):
     """qkv (B, T, 3C), the queries, keys and values side by side -> (B, T, C): split into n_head
     heads, attention within each, heads merged. Equal to splitting qkv into q, k, v (B, H, T, D),
-    calling scaled_dot_product_attention and merging, in one op."""
-    if not isinstance(qkv, Tensor) or qkv.ndim != 3:
-        raise ValueError(f"multi_head_attention: qkv must be a 3-d Tensor (B, T, 3C), got {getattr(qkv, 'shape', qkv)}")
-    check_float("multi_head_attention", qkv)
+    calling scaled_dot_product_attention and merging, in one op. n_head >= 1 divides C; causal is a
+    bool. B = 0 or T = 0 gives an empty result; a head needs D >= 1 numbers, so C = 0 is refused."""
+    op = "multi_head_attention"
+    check_tensor(op, qkv, "qkv")
+    check_ndim(op, "qkv", qkv, (3,), "a 3-d Tensor (B, T, 3C)")
+    check_float(op, qkv)
+    n_head = check_int(op, "n_head", n_head, low=1)
+    causal = check_flag(op, "causal", causal)
     B, T, C3 = qkv.shape
-    if C3 % 3 or (C3 // 3) % n_head or n_head < 1:
-        raise ValueError(
-            f"multi_head_attention: the last dim of qkv {qkv.shape} must be 3 C with C divisible by n_head ({n_head})"
+    if C3 % 3 or (C3 // 3) % n_head or C3 == 0:
+        raise InputError(
+            f"{op}: the last dim of qkv {qkv.shape} must be 3 C with C >= 1 divisible by n_head ({n_head})"
         )
-    if T == 0 or C3 == 0:
-        raise ValueError(f"multi_head_attention: empty input {qkv.shape}")
-    return MultiHeadAttention.apply(qkv, int(n_head), bool(causal))
+    return MultiHeadAttention.apply(qkv, n_head, causal)
 
 
 def scaled_dot_product_attention(q, k, v, causal=True):
-    """softmax(q kᵀ / √D, causally masked) v for q (B, H, Tq, D) and k, v (B, H, Tk, D)."""
+    """softmax(q kᵀ / √D, causally masked) v for q (B, H, Tq, D) and k, v (B, H, Tk, D); Tk >= Tq
+    when causal (a bool). Sizes of 0 give an empty result, except D = 0 (no 1/√D) and Tk = 0 with
+    Tq > 0 (a query that sees no key has no softmax)."""
+    op = "scaled_dot_product_attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.ndim != 4:
-            raise ValueError(f"scaled_dot_product_attention: {name} must be a 4-d Tensor (B, H, T, D), got {getattr(t, 'shape', t)}")
-    check_float("scaled_dot_product_attention", q, k, v)
+        check_tensor(op, t, name)
+        check_ndim(op, name, t, (4,), "a 4-d Tensor (B, H, T, D)")
+    check_float(op, q, k, v)
+    causal = check_flag(op, "causal", causal)
     (B, H, Tq, D), Tk = q.shape, k.shape[2]
     if k.shape != v.shape or k.shape[:2] != (B, H) or k.shape[3] != D:
-        raise ValueError(
-            f"scaled_dot_product_attention: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit "
+        raise InputError(
+            f"{op}: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit "
             "(expected q (B, H, Tq, D) and k, v both (B, H, Tk, D))"
         )
     if causal and Tk < Tq:
-        raise ValueError(f"scaled_dot_product_attention: causal attention needs Tk >= Tq, got Tq {Tq} and Tk {Tk}")
-    if Tq == 0 or Tk == 0 or D == 0:
-        raise ValueError(f"scaled_dot_product_attention: empty input (q {q.shape}, k {k.shape})")
-    return ScaledDotProductAttention.apply(q, k, v, bool(causal))
+        raise InputError(f"{op}: causal attention needs Tk >= Tq, got Tq {Tq} and Tk {Tk}")
+    if D == 0 or (Tk == 0 and Tq > 0 and B * H > 0):
+        raise InputError(f"{op}: empty input (q {q.shape}, k {k.shape}): D and Tk must be >= 1 when there are queries")
+    return ScaledDotProductAttention.apply(q, k, v, causal)
 
 
 # --------------------------------------------------------------------------------- gradcheck cases

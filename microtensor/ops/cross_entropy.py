@@ -50,10 +50,11 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import FLOAT_DTYPES, Tensor
-
+from ..tensor import FLOAT_DTYPES, Tensor, describe
+from .checks import check_int, check_tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 
@@ -171,28 +172,35 @@ def cross_entropy(logits, targets, ignore_index=-100):
     Returns a 0-d Tensor of the logits' dtype. Raises if every position is ignored (PyTorch gives NaN).
     """
     op = "cross_entropy"
-    if not isinstance(logits, Tensor):
-        raise TypeError(f"{op}: logits must be a Tensor, got {type(logits).__name__}")
+    check_tensor(op, logits, "logits")
+    if logits.dtype not in FLOAT_DTYPES:
+        raise InputTypeError(f"{op}: logits must be float32 or float64, got {logits.dtype} of shape {logits.shape}")
     if isinstance(targets, np.ndarray):
         targets = Tensor._from_array(targets)
     if not isinstance(targets, Tensor):
-        raise TypeError(f"{op}: targets must be an integer Tensor, got {type(targets).__name__}")
-    if logits.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: logits must be float32 or float64, got {logits.dtype} of shape {logits.shape}")
+        raise InputTypeError(f"{op}: targets must be an integer Tensor, got {describe(targets)}")
     if targets.dtype.kind not in "iu":
-        raise TypeError(
+        raise InputTypeError(
             f"{op}: targets must be integer class indices, got {targets.dtype} of shape {targets.shape}"
         )
     if logits.ndim not in (2, 3):
-        raise ValueError(f"{op}: logits must have shape (N, V) or (B, T, V), got {logits.shape}")
+        raise InputError(f"{op}: logits must have shape (N, V) or (B, T, V), got {logits.shape}")
     if targets.shape != logits.shape[:-1]:
-        raise ValueError(
+        raise InputError(
             f"{op}: targets of shape {targets.shape} do not match logits of shape {logits.shape} "
             f"(expected targets of shape {logits.shape[:-1]}, one class index per row of logits)"
         )
-    if ignore_index is not None and (not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool)):
-        raise TypeError(f"{op}: ignore_index must be an int or None, got {type(ignore_index).__name__}")
     vocab_size = logits.shape[-1]
+    if vocab_size == 0:
+        raise InputError(f"{op}: logits of shape {logits.shape} have no classes (V = 0), so no target can be right")
+    if ignore_index is not None:
+        if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, (bool, np.bool_)):
+            raise InputTypeError(f"{op}: ignore_index must be an int or None, got {type(ignore_index).__name__}")
+        ignore_index = check_int(op, "ignore_index", ignore_index, low=-(2**63), high=2**63 - 1)
+    if targets.data.size == 0:
+        raise InputError(f"{op}: there are no targets (logits of shape {logits.shape}), so there is no loss to average")
+    if targets.dtype == np.uint64 and targets.data.max() > np.iinfo(np.int64).max:
+        raise InputError(f"{op}: target {targets.data.max()} is not a class index (logits have V={vocab_size} classes)")
     flat_targets = np.ascontiguousarray(targets.data, dtype=np.int64).reshape(-1)  # (N,)
     has_ignore_index = ignore_index is not None
     ignore = int(ignore_index) if has_ignore_index else -1
@@ -200,12 +208,12 @@ def cross_entropy(logits, targets, ignore_index=-100):
     if first_bad >= 0:
         position = tuple(int(i) for i in np.unravel_index(first_bad, targets.shape))
         allowed = f"[0, {vocab_size})" + (f" or ignore_index={ignore_index}" if has_ignore_index else "")
-        raise ValueError(
+        raise InputIndexError(
             f"{op}: target {int(flat_targets[first_bad])} at position {position} is not a class index "
             f"(logits have V={vocab_size} classes, so targets must be in {allowed})"
         )
     if valid_count == 0:
-        raise ValueError(
+        raise InputError(
             f"{op}: all {flat_targets.shape[0]} targets equal ignore_index={ignore_index}, so there is "
             "no position to average over (PyTorch would return NaN)"
         )

@@ -12,9 +12,10 @@ The mask is drawn from a numpy Generator: the `generator` argument, else the glo
 import numpy as np
 
 from ..autograd import Function
+from ..errors import InputTypeError
 from ..gradcheck import gradcheck_case
 from ..random import get_generator
-from .checks import check_float
+from .checks import check_flag, check_float, check_real
 
 
 class Dropout(Function):
@@ -32,12 +33,16 @@ class Dropout(Function):
 
 
 def dropout(x, p=0.5, training=True, generator=None):
+    """Zero each element with probability p in [0, 1) and scale the rest by 1 / (1 - p) when
+    training (a bool); x itself otherwise. generator: a numpy Generator, or None for the global one."""
     check_float("dropout", x)
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    p = check_real("dropout", "p", p, low=0, high=1, high_open=True)
+    training = check_flag("dropout", "training", training)
+    if generator is not None and not isinstance(generator, np.random.Generator):
+        raise InputTypeError(f"dropout: generator must be a numpy Generator or None, got {type(generator).__name__}")
     if not training or p == 0:
         return x
-    return Dropout.apply(x, float(p), get_generator() if generator is None else generator)
+    return Dropout.apply(x, p, get_generator() if generator is None else generator)
 
 
 @gradcheck_case(Dropout)

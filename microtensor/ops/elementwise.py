@@ -11,15 +11,18 @@ two tensors of different dtypes are an error, never a silent cast. These ops are
 import numpy as np
 
 from ..autograd import Function, unbroadcast
+from ..errors import InputTypeError
 from ..gradcheck import gradcheck_case
-from ..tensor import FLOAT_DTYPES, Tensor
+from ..tensor import Tensor, as_dtype, describe
 from .checks import as_tensor, broadcast_shape, check_float
 
 
 def _binary(op, function, a, b):
+    """a and b: Tensors, numpy arrays or Python numbers, at least one a Tensor (numbers and integer
+    arrays take its dtype)."""
     if not isinstance(a, Tensor):
         if not isinstance(b, Tensor):
-            raise TypeError(f"{op}: expected at least one Tensor")
+            raise InputTypeError(f"{op}: expected at least one Tensor, got {describe(a)} and {describe(b)}")
         a = as_tensor(op, a, b)
     b = as_tensor(op, b, a)
     check_float(op, a, b)
@@ -29,8 +32,6 @@ def _binary(op, function, a, b):
 
 
 def _unary(op, function, x):
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     check_float(op, x)
     return function.apply(x)
 
@@ -283,9 +284,8 @@ def sigmoid(x):
 
 
 def cast(x, dtype):
-    dtype = np.dtype(dtype)
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"cast: tensors can be cast to float32 or float64, not {dtype}")
+    """x as float32 or float64 (a differentiable step in the graph; x itself when it already is)."""
+    dtype = as_dtype("cast", dtype, floats_only=True)
     check_float("cast", x)
     if dtype == x.dtype:
         return x

@@ -17,9 +17,10 @@ turns into vector loads and stores anyway. ids need no gradient.
 import numpy as np
 
 from ..autograd import Function
+from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor
+from ..tensor import Tensor, describe
 from .checks import check_float, check_integer
 
 
@@ -72,24 +73,37 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx, grad_out):
         (flat_ids,) = ctx.saved_tensors
-        g = np.ascontiguousarray(grad_out).reshape(flat_ids.shape[0], -1)  # (N, C)
+        g = np.ascontiguousarray(grad_out).reshape(flat_ids.shape[0], ctx.weight_shape[1])  # (N, C)
         grad_weight = np.empty(ctx.weight_shape, dtype=grad_out.dtype)  # (V, C)
         active(embedding_backward)(g, flat_ids, grad_weight)
         return None, grad_weight
 
 
 def embedding(ids, weight):
-    """Rows of weight (V, C) picked by integer ids of any shape: output ids.shape + (C,)."""
+    """Rows of weight (V, C) picked by integer ids of any shape: output ids.shape + (C,).
+    ids: an integer Tensor, numpy array or list, every id in [0, V)."""
     if not isinstance(ids, Tensor):
-        ids = Tensor(np.asarray(ids))
+        if not isinstance(ids, (np.ndarray, list, tuple, int, np.integer)) or isinstance(ids, (bool, np.bool_)):
+            raise InputTypeError(f"embedding: ids must be an integer Tensor, numpy array or list, got {describe(ids)}")
+        try:
+            array = np.asarray(ids)
+        except ValueError as error:  # a ragged list
+            raise InputError(f"embedding: ids are not a valid array: {error}") from None
+        if array.size == 0 and isinstance(ids, (list, tuple)):
+            array = array.astype(np.int64)  # an empty list has no dtype of its own (numpy says float64)
+        ids = Tensor._from_array(array)
     check_integer("embedding", "ids", ids)
     check_float("embedding", weight)
     if weight.ndim != 2:
-        raise ValueError(f"embedding: weight must be (num_embeddings, dim), got shape {weight.shape}")
-    bad_position = active(first_id_out_of_range)(ids.data.reshape(-1), weight.shape[0])
+        raise InputError(f"embedding: weight must be (num_embeddings, dim), got shape {weight.shape}")
+    flat_ids = ids.data.reshape(-1)  # (N,)
+    if flat_ids.dtype == np.uint64 and flat_ids.size and flat_ids.max() > np.iinfo(np.int64).max:
+        bad_position = int(np.argmax(flat_ids))  # beyond int64: no table is that long
+    else:
+        bad_position = active(first_id_out_of_range)(flat_ids, weight.shape[0])
     if bad_position >= 0:
-        bad = ids.data.reshape(-1)[bad_position]
-        raise IndexError(f"embedding: id {bad} is out of range for a table of {weight.shape[0]} rows (ids must be in [0, {weight.shape[0]}))")
+        bad = flat_ids[bad_position]
+        raise InputIndexError(f"embedding: id {bad} is out of range for a table of {weight.shape[0]} rows (ids must be in [0, {weight.shape[0]}))")
     return Embedding.apply(ids, weight)
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
 from .checks import check_float
@@ -136,8 +137,8 @@ class GELU(Function):
 def gelu(x, approximate="tanh"):
     """GELU of a float tensor of any shape: approximate="tanh" (the default) or "none" (exact, with erf)."""
     check_float("gelu", x)
-    if approximate not in ("tanh", "none"):
-        raise ValueError(f'gelu: approximate must be "tanh" or "none", got {approximate!r}')
+    if not isinstance(approximate, str) or approximate not in ("tanh", "none"):
+        raise InputError(f'gelu: approximate must be "tanh" or "none", got {approximate!r}')
     return GELU.apply(x, approximate)
 
 

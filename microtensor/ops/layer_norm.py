@@ -29,13 +29,15 @@ The kernels loop over the rows one after another with a plain `range` (the weigh
 gradients must: every row adds into the same C sums). The fast set compiles these same loops with
 other flags (microtensor/fast/layer_norm.py).
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor
-from .checks import check_float, check_last_dim
+from .checks import check_float, check_last_dim, check_real, check_tensor
 
 
 def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
@@ -109,13 +111,14 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         C = x.shape[-1]
-        rows = np.ascontiguousarray(x).reshape(-1, C)  # (N, C)
+        rows = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), C)  # (N, C); N spelled out, as -1 fails for N*C = 0
         w = np.ones(C, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
         b = np.zeros(C, dtype=x.dtype) if bias is None else np.ascontiguousarray(bias)
         y = np.empty_like(rows)
         mean = np.empty(rows.shape[0], dtype=x.dtype)
         rstd = np.empty(rows.shape[0], dtype=x.dtype)
-        active(layer_norm_forward)(rows, w, b, x.dtype.type(eps), y, mean, rstd)
+        if rows.size:  # else no rows, or C = 0: an empty result (and no mean of nothing to take)
+            active(layer_norm_forward)(rows, w, b, x.dtype.type(eps), y, mean, rstd)
         ctx.save_for_backward(rows, w, mean, rstd)
         ctx.shape = x.shape
         return y.reshape(x.shape)
@@ -127,7 +130,8 @@ class LayerNorm(Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = np.empty_like(rows)
-            active(layer_norm_backward_input)(g, rows, w, mean, rstd, grad_x)
+            if rows.size:
+                active(layer_norm_backward_input)(g, rows, w, mean, rstd, grad_x)
             grad_x = grad_x.reshape(ctx.shape)
         grad_w = grad_b = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
@@ -143,17 +147,22 @@ class LayerNorm(Function):
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """Normalize over the last dim to zero mean and unit variance, then scale by weight and shift by bias.
-    weight and bias, when given, have shape (C,) exactly, C = x.shape[-1]."""
-    given = [t for t in (x, weight, bias) if t is not None]
-    check_float("layer_norm", *given)
-    if x.ndim == 0:
-        raise ValueError("layer_norm: expected at least 1 dim, got a 0-d tensor")
+    weight and bias, when given, have shape (C,) exactly, C = x.shape[-1]; eps > 0 and finite.
+
+    An empty last dim (C = 0) has no mean to subtract: the result is empty too, of x's shape, and so
+    are the gradients (nothing depends on anything). So is the result when there are no rows."""
+    check_tensor("layer_norm", x, "x")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"layer_norm: {name} must be a Tensor or None")
+            check_tensor("layer_norm", t, name)
+    check_float("layer_norm", *[t for t in (x, weight, bias) if t is not None])
+    if x.ndim == 0:
+        raise InputError("layer_norm: expected at least 1 dim, got a 0-d tensor")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
             check_last_dim("layer_norm", name, t, x.shape[-1])
-    return LayerNorm.apply(x, weight, bias, float(eps))
+    eps = check_real("layer_norm", "eps", eps, low=0, low_open=True)
+    return LayerNorm.apply(x, weight, bias, eps)
 
 
 @gradcheck_case(LayerNorm)

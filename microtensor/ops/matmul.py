@@ -32,14 +32,17 @@ The kernels take 2-D arrays of any strides (transposed views included):
 
 The fast set's twins call BLAS (microtensor/fast/matmul.py).
 """
+import math
+
 import numpy as np
 from numba import prange
 
 from ..autograd import Function, unbroadcast
+from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor
-from .checks import broadcast_shape, check_float
+from ..tensor import Tensor, describe
+from .checks import as_tensor, broadcast_shape, check_float
 
 # --------------------------------------------------------------------------------- numpy reference
 
@@ -100,8 +103,9 @@ def matmul_backward(grad, a, b, grad_a, grad_b):
 
 def _stack(x, batch):
     """x (..., r, s) broadcast to batch + (r, s), then as a stack (P, r, s) of P = prod(batch)
-    matrices (a view where numpy can make one, else a copy)."""
-    return np.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:])
+    matrices (a view where numpy can make one, else a copy). Sizes are spelled out rather than -1,
+    which numpy cannot resolve when a size is 0."""
+    return np.broadcast_to(x, batch + x.shape[-2:]).reshape((math.prod(batch),) + x.shape[-2:])
 
 
 class MatMul(Function):
@@ -111,7 +115,7 @@ class MatMul(Function):
         n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
         if b.ndim == 2:
             # (..., n, k) @ (k, m): every row of a meets the same b, so one (N, k) @ (k, m) product
-            rows = a.reshape(-1, k)  # (N, k), N = prod(...) n
+            rows = a.reshape(math.prod(a.shape[:-1]), k)  # (N, k), N = prod(...) n
             c = np.empty((rows.shape[0], m), dtype=a.dtype)
             active(matmul_forward)(rows, b, c)
             return c.reshape(a.shape[:-1] + (m,))
@@ -128,14 +132,15 @@ class MatMul(Function):
         need_a, need_b = ctx.needs_input_grad
         n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
         if b.ndim == 2:
-            rows, g = a.reshape(-1, k), grad_out.reshape(-1, m)  # (N, k), (N, m)
+            N = math.prod(a.shape[:-1])
+            rows, g = a.reshape(N, k), grad_out.reshape(N, m)  # (N, k), (N, m)
             grad_rows = np.empty(rows.shape, dtype=a.dtype) if need_a else None  # (N, k)
             grad_b = np.empty(b.shape, dtype=b.dtype) if need_b else None  # (k, m): sums over all N rows
             active(matmul_backward)(g, rows, b, grad_rows, grad_b)
             return (grad_rows.reshape(a.shape) if need_a else None), grad_b
         batch = grad_out.shape[:-2]
         a_stack, b_stack = _stack(a, batch), _stack(b, batch)  # (P, n, k), (P, k, m)
-        g_stack = grad_out.reshape((-1, n, m))  # (P, n, m)
+        g_stack = grad_out.reshape((a_stack.shape[0], n, m))  # (P, n, m)
         grad_a = np.empty(a_stack.shape, dtype=a.dtype) if need_a else None  # one per copy of a
         grad_b = np.empty(b_stack.shape, dtype=b.dtype) if need_b else None
         for index in range(g_stack.shape[0]):
@@ -154,19 +159,24 @@ class MatMul(Function):
 
 def matmul(a, b):
     """a @ b for a (..., n, k) and b (..., k, m); 1-D operands act as a row (a) or a column (b)
-    vector, and that dim is dropped from the result, as in numpy."""
+    vector, and that dim is dropped from the result, as in numpy. One of them may be a numpy array
+    (as in `array @ tensor`). Sizes of 0 are fine: a product over k = 0 terms is 0."""
+    if isinstance(a, np.ndarray) and isinstance(b, Tensor):
+        a = as_tensor("matmul", a, b)
+    elif isinstance(b, np.ndarray) and isinstance(a, Tensor):
+        b = as_tensor("matmul", b, a)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
+        raise InputTypeError(f"matmul: expected two Tensors, got {describe(a)} and {describe(b)}")
     check_float("matmul", a, b)
     if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"matmul: operands must have at least 1 dim, got shapes {a.shape} and {b.shape}")
+        raise InputError(f"matmul: operands must have at least 1 dim, got shapes {a.shape} and {b.shape}")
     if a.ndim == 1:
         out = matmul(a.reshape(1, -1), b)  # (..., 1, m), or (1,) when b is 1-D too
         return out.reshape(out.shape[:-2] + out.shape[-1:]) if b.ndim > 1 else out.reshape(())
     if b.ndim == 1:
         return matmul(a, b.reshape(-1, 1)).reshape(a.shape[:-1])
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(
+        raise InputError(
             f"matmul: cannot multiply {a.shape} by {b.shape}: the last dim of the first ({a.shape[-1]}) "
             f"must equal the second-to-last of the second ({b.shape[-2]})"
         )

@@ -9,12 +9,19 @@ Backward sends each output's gradient back to the input elements it was made fro
 
 (`max` splits the gradient evenly between ties, like `torch.amax`; it returns values only: use
 `argmax` for the indices.)
+
+Empty reductions. A sum over no elements is 0, as in numpy and PyTorch. A mean or a max over no
+elements has no value (a mean would be 0 / 0), so they are errors, unless the result is itself
+empty, as when a (0, 3) tensor is reduced over its last dim: then there is nothing to compute.
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
-from .checks import check_float, normalize_dim
+from .checks import check_flag, check_float, normalize_dim
 from .shape import concat
 
 
@@ -25,7 +32,7 @@ def _axes(op, dim, ndim):
     dims = dim if isinstance(dim, (tuple, list)) else (dim,)
     axes = tuple(sorted(normalize_dim(op, d, ndim) for d in dims))
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{op}: dim {dim} names the same dim twice")
+        raise InputError(f"{op}: dim {dim} names the same dim twice")
     return axes
 
 
@@ -52,6 +59,8 @@ class Mean(Function):
     def forward(ctx, x, axes, keepdim):
         ctx.axes, ctx.keepdim, ctx.shape = axes, keepdim, x.shape
         ctx.count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        if ctx.count == 0:  # the result is empty too (the wrapper saw to it): nothing to divide
+            return np.sum(x, axis=axes, keepdims=keepdim)
         return np.mean(x, axis=axes, keepdims=keepdim)
 
     @staticmethod
@@ -63,7 +72,10 @@ class Mean(Function):
 class Max(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdim):
-        y = np.max(x, axis=axes, keepdims=True)
+        if x.size == 0:  # an empty result (the wrapper refuses an empty max with a non-empty result)
+            y = np.zeros(tuple(1 if a in axes else n for a, n in enumerate(x.shape)), dtype=x.dtype)
+        else:
+            y = np.max(x, axis=axes, keepdims=True)
         ctx.axes, ctx.keepdim = axes, keepdim
         ctx.save_for_backward(x, y)
         return y if keepdim else np.squeeze(y, axis=axes)
@@ -79,9 +91,14 @@ class Max(Function):
 
 def _reduce(op, function, x, dim, keepdim):
     check_float(op, x)
-    if x.data.size == 0:
-        raise ValueError(f"{op}: cannot reduce an empty tensor of shape {x.shape}")
-    return function.apply(x, _axes(op, dim, x.ndim), bool(keepdim))
+    axes = _axes(op, dim, x.ndim)
+    keepdim = check_flag(op, "keepdim", keepdim)
+    if function is not Sum and math.prod(x.shape[a] for a in axes) == 0:
+        result_size = math.prod(n for a, n in enumerate(x.shape) if a not in axes)
+        if result_size > 0:
+            where = f"the empty tensor of shape {x.shape}" if dim is None else f"dim {dim} of a tensor of shape {x.shape}"
+            raise InputError(f"{op}: {where} holds no elements, so there is no {op} to take")
+    return function.apply(x, axes, keepdim)
 
 
 def sum(x, dim=None, keepdim=False):

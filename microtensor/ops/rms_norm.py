@@ -18,13 +18,15 @@ The forward saves rstd per row (N,); backward rebuilds xhat from x.
 The kernels loop over the rows one after the other, like layer_norm.py's. The fast set compiles
 these same loops with other flags (microtensor/fast/rms_norm.py).
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor
-from .checks import check_float, check_last_dim
+from .checks import check_float, check_last_dim, check_real, check_tensor
 
 
 def rms_norm_reference(x, weight=None, eps=1e-5):
@@ -77,11 +79,12 @@ class RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
         C = x.shape[-1]
-        rows = np.ascontiguousarray(x).reshape(-1, C)  # (N, C)
+        rows = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), C)  # (N, C); N spelled out, as -1 fails for N*C = 0
         w = np.ones(C, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
         y = np.empty_like(rows)
         rstd = np.empty(rows.shape[0], dtype=x.dtype)
-        active(rms_norm_forward)(rows, w, x.dtype.type(eps), y, rstd)
+        if rows.size:  # else no rows, or C = 0: an empty result (and no mean of nothing to take)
+            active(rms_norm_forward)(rows, w, x.dtype.type(eps), y, rstd)
         ctx.save_for_backward(rows, w, rstd)
         ctx.shape = x.shape
         return y.reshape(x.shape)
@@ -93,7 +96,8 @@ class RMSNorm(Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             grad_x = np.empty_like(rows)
-            active(rms_norm_backward_input)(g, rows, w, rstd, grad_x)
+            if rows.size:
+                active(rms_norm_backward_input)(g, rows, w, rstd, grad_x)
             grad_x = grad_x.reshape(ctx.shape)
         if ctx.needs_input_grad[1]:
             grad_w = np.empty_like(w)
@@ -102,15 +106,19 @@ class RMSNorm(Function):
 
 
 def rms_norm(x, weight=None, eps=1e-5):
-    """Divide by the root mean square over the last dim, then scale by weight ((C,) exactly, if given)."""
+    """Divide by the root mean square over the last dim, then scale by weight ((C,) exactly, if
+    given); eps > 0 and finite. An empty last dim (C = 0) gives an empty result of x's shape, as in
+    layer_norm."""
+    check_tensor("rms_norm", x, "x")
+    if weight is not None:
+        check_tensor("rms_norm", weight, "weight")
     check_float("rms_norm", *[t for t in (x, weight) if t is not None])
     if x.ndim == 0:
-        raise ValueError("rms_norm: expected at least 1 dim, got a 0-d tensor")
+        raise InputError("rms_norm: expected at least 1 dim, got a 0-d tensor")
     if weight is not None:
-        if not isinstance(weight, Tensor):
-            raise TypeError("rms_norm: weight must be a Tensor or None")
         check_last_dim("rms_norm", "weight", weight, x.shape[-1])
-    return RMSNorm.apply(x, weight, float(eps))
+    eps = check_real("rms_norm", "eps", eps, low=0, low_open=True)
+    return RMSNorm.apply(x, weight, eps)
 
 
 @gradcheck_case(RMSNorm)

@@ -19,8 +19,9 @@ a new token by its absolute position.
 import numpy as np
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
-from .checks import check_float
+from .checks import check_float, check_int
 
 
 def rope_angles(T, D, offset, dtype, base=10000.0):
@@ -53,11 +54,12 @@ class RoPE(Function):
 
 
 def rope(x, offset=0):
-    """Rotary position embedding of x (..., T, D) for positions offset .. offset + T - 1."""
+    """Rotary position embedding of x (..., T, D) for positions offset .. offset + T - 1 (offset an int >= 0)."""
     check_float("rope", x)
     if x.ndim < 2 or x.shape[-1] % 2:
-        raise ValueError(f"rope: expected (..., T, D) with D even, got shape {x.shape}")
-    return RoPE.apply(x, int(offset))
+        raise InputError(f"rope: expected (..., T, D) with D even, got shape {x.shape}")
+    offset = check_int("rope", "offset", offset, low=0, high=2**53 - x.shape[-2])  # positions exact as float64
+    return RoPE.apply(x, offset)
 
 
 @gradcheck_case(RoPE)

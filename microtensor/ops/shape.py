@@ -19,9 +19,10 @@ import math
 import numpy as np
 
 from ..autograd import Function, unbroadcast
+from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
-from ..tensor import Tensor
-from .checks import as_tensor, broadcast_shape, check_float, normalize_dim
+from ..tensor import Tensor, describe
+from .checks import as_tensor, broadcast_shape, check_float, check_tensor, is_real_number, normalize_dim
 
 
 class Reshape(Function):
@@ -126,49 +127,64 @@ class Where(Function):
 
 def _resolve_shape(x, shape):
     """`shape` with its one allowed -1 replaced by the size that keeps the element count."""
+    for n in shape:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)):
+            raise InputTypeError(f"reshape: sizes must be ints, got {n!r} ({type(n).__name__}) in {shape}")
     shape = tuple(int(n) for n in shape)
     known = math.prod(n for n in shape if n != -1)
     unknown = shape.count(-1)
     if unknown > 1 or any(n < -1 for n in shape):
-        raise ValueError(f"reshape: invalid shape {shape} (sizes must be >= 0, with at most one -1)")
+        raise InputError(f"reshape: invalid shape {shape} (sizes must be >= 0, with at most one -1)")
     if unknown == 1 and known > 0 and x.data.size % known == 0:
         shape = tuple(x.data.size // known if n == -1 else n for n in shape)
     if -1 in shape or math.prod(shape) != x.data.size:
-        raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.data.size} elements) into {shape}")
+        raise InputError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.data.size} elements) into {shape}")
     return shape
 
 
 def reshape(x, *shape):
+    """x with another shape and the same elements in the same order; one size may be -1 (inferred)."""
+    check_tensor("reshape", x)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     target = _resolve_shape(x, shape)
     if target == x.shape:
         return x
-    return Reshape.apply(x, target)
+    return Reshape.apply(x, target)._view_of(x)  # a view when numpy can make one, else a copy
 
 
 def flatten(x, start_dim=0, end_dim=-1):
+    """Dims start_dim .. end_dim (both included) merged into one."""
+    check_tensor("flatten", x)
     if x.ndim == 0:
+        for dim in (start_dim, end_dim):
+            normalize_dim("flatten", dim, 1)  # a 0-d tensor flattens as if it had one dim
         return reshape(x, 1)
     start = normalize_dim("flatten", start_dim, x.ndim)
     end = normalize_dim("flatten", end_dim, x.ndim)
-    return reshape(x, x.shape[:start] + (-1,) + x.shape[end + 1 :])
+    if start > end:
+        raise InputError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for a tensor of shape {x.shape}")
+    return reshape(x, x.shape[:start] + (math.prod(x.shape[start : end + 1]),) + x.shape[end + 1 :])
 
 
 def permute(x, *dims):
+    """x with its dims reordered: dim i of the result is dim dims[i] of x."""
+    check_tensor("permute", x)
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         dims = tuple(dims[0])
     dims = tuple(normalize_dim("permute", d, x.ndim) for d in dims)
     if sorted(dims) != list(range(x.ndim)):
-        raise ValueError(f"permute: dims {dims} are not a permutation of the {x.ndim} dims of a tensor of shape {x.shape}")
-    return Permute.apply(x, dims)
+        raise InputError(f"permute: dims {dims} are not a permutation of the {x.ndim} dims of a tensor of shape {x.shape}")
+    return Permute.apply(x, dims)._view_of(x)
 
 
 def transpose(x, dim0, dim1):
+    """x with dims dim0 and dim1 swapped."""
+    check_tensor("transpose", x)
     dims = list(range(x.ndim))
     a, b = normalize_dim("transpose", dim0, x.ndim), normalize_dim("transpose", dim1, x.ndim)
     dims[a], dims[b] = dims[b], dims[a]
-    return Permute.apply(x, tuple(dims))
+    return Permute.apply(x, tuple(dims))._view_of(x)
 
 
 def _index_part(part):
@@ -176,39 +192,50 @@ def _index_part(part):
     if isinstance(part, Tensor):
         part = part.data
     if isinstance(part, (list, np.ndarray)):
-        array = np.asarray(part)
+        try:
+            array = np.asarray(part)
+        except ValueError as error:  # a ragged list
+            raise InputIndexError(f"getitem: the index {part!r} is not a valid array of indices: {error}") from None
         if array.dtype.kind not in "iub":
-            raise IndexError(f"getitem: indices must be integers or booleans, got {array.dtype}")
+            raise InputIndexError(f"getitem: indices must be integers or booleans, got {array.dtype}")
         return array
     return part
 
 
 def getitem(x, index):
+    """x[index], with numpy's indexing: ints, slices, None, ..., integer arrays (picks that may
+    repeat) and boolean masks."""
+    check_tensor("getitem", x)
     index = tuple(_index_part(p) for p in index) if isinstance(index, tuple) else _index_part(index)
     try:
-        x.data[index]  # let numpy validate (a view: no copy is made for basic indices)
-    except IndexError as error:
-        raise IndexError(f"getitem: index {index!r} is invalid for a tensor of shape {x.shape}: {error}") from None
+        values = x.data[index]  # numpy validates the index (basic indices give a view: no copy)
+    except (IndexError, TypeError, ValueError) as error:
+        raise InputIndexError(f"getitem: index {index!r} is invalid for a tensor of shape {x.shape}: {error}") from None
     if not x.requires_grad:
-        return Tensor._from_array(x.data[index])
-    return GetItem.apply(x, index)
+        return Tensor._from_array(np.asarray(values))._view_of(x)  # basic indices give a view
+    return GetItem.apply(x, index)._view_of(x)
 
 
 def _tensor_list(op, tensors):
+    if isinstance(tensors, (Tensor, np.ndarray, str)) or not hasattr(tensors, "__iter__"):
+        raise InputTypeError(f"{op}: expected a list or tuple of Tensors, got {describe(tensors)}")
     tensors = list(tensors)
-    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
-        raise TypeError(f"{op}: expected a non-empty sequence of Tensors")
+    if not tensors:
+        raise InputError(f"{op}: expected a non-empty list of Tensors, got an empty one")
+    for i, t in enumerate(tensors):
+        check_tensor(op, t, f"item {i} of the list")
     check_float(op, *tensors)
     return tensors
 
 
 def concat(tensors, dim=0):
+    """The tensors joined along an existing dim; every other dim must match."""
     tensors = _tensor_list("concat", tensors)
     axis = normalize_dim("concat", dim, tensors[0].ndim)
     for t in tensors:
         if t.ndim != tensors[0].ndim or t.shape[:axis] + t.shape[axis + 1 :] != tensors[0].shape[:axis] + tensors[0].shape[axis + 1 :]:
             shapes = ", ".join(str(t.shape) for t in tensors)
-            raise ValueError(f"concat: shapes {shapes} must match in every dim but dim {dim}")
+            raise InputError(f"concat: shapes {shapes} must match in every dim but dim {dim}")
     return Concat.apply(*tensors, dim=axis)
 
 
@@ -216,9 +243,10 @@ cat = concat
 
 
 def stack(tensors, dim=0):
+    """The tensors, all of one shape, stacked along a new dim."""
     tensors = _tensor_list("stack", tensors)
     if any(t.shape != tensors[0].shape for t in tensors):
-        raise ValueError(f"stack: all tensors must have the same shape, got {', '.join(str(t.shape) for t in tensors)}")
+        raise InputError(f"stack: all tensors must have the same shape, got {', '.join(str(t.shape) for t in tensors)}")
     axis = normalize_dim("stack", dim, tensors[0].ndim + 1)
     return Stack.apply(*tensors, dim=axis)
 
@@ -226,16 +254,21 @@ def stack(tensors, dim=0):
 def split(x, split_size_or_sections, dim=0):
     """Split into pieces along `dim`: of size `split_size_or_sections` each (the last may be smaller),
     or of the listed sizes. The pieces are slices, so each one's backward is GetItem's."""
+    check_tensor("split", x)
     axis = normalize_dim("split", dim, x.ndim)
     length = x.shape[axis]
-    if isinstance(split_size_or_sections, (int, np.integer)):
+    if isinstance(split_size_or_sections, (int, np.integer)) and not isinstance(split_size_or_sections, (bool, np.bool_)):
         if split_size_or_sections <= 0:
-            raise ValueError(f"split: split size must be positive, got {split_size_or_sections}")
+            raise InputError(f"split: split size must be positive, got {split_size_or_sections}")
         sizes = [min(split_size_or_sections, length - start) for start in range(0, length, split_size_or_sections)]
-    else:
+    elif isinstance(split_size_or_sections, (list, tuple)):
         sizes = list(split_size_or_sections)
-        if sum(sizes) != length or any(s < 0 for s in sizes):
-            raise ValueError(f"split: sizes {sizes} must be non-negative and add up to {length}, the size of dim {dim} of {x.shape}")
+        if not all(isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_)) for n in sizes):
+            raise InputTypeError(f"split: sizes must be ints, got {sizes}")
+        if sum(sizes) != length or any(n < 0 for n in sizes):
+            raise InputError(f"split: sizes {sizes} must be non-negative and add up to {length}, the size of dim {dim} of {x.shape}")
+    else:
+        raise InputTypeError(f"split: expected a piece size (int) or a list of sizes, got {split_size_or_sections!r}")
     pieces, start = [], 0
     for size in sizes:
         index = (slice(None),) * axis + (slice(start, start + size),)
@@ -244,31 +277,52 @@ def split(x, split_size_or_sections, dim=0):
     return tuple(pieces)
 
 
-def _mask_array(op, mask):
-    mask = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+def _mask_array(op, mask, name="the mask"):
+    if isinstance(mask, Tensor):
+        mask = mask.data
+    elif isinstance(mask, (list, tuple)):
+        try:
+            mask = np.asarray(mask)
+        except ValueError as error:
+            raise InputError(f"{op}: {name} is not a valid array: {error}") from None
+        if mask.size == 0:
+            mask = mask.astype(np.bool_)  # an empty list has no dtype of its own (numpy says float64)
+    elif isinstance(mask, (np.ndarray, bool, np.bool_)):
+        mask = np.asarray(mask)
+    else:
+        raise InputTypeError(f"{op}: {name} must be a boolean Tensor or numpy array, got {describe(mask)}")
     if mask.dtype != np.bool_:
-        raise TypeError(f"{op}: the mask must be boolean, got {mask.dtype}")
+        raise InputTypeError(f"{op}: {name} must be boolean, got {mask.dtype}")
     return mask
 
 
 def masked_fill(x, mask, value):
-    """x with `value` wherever `mask` is True; mask broadcasts to x's shape (not the other way)."""
+    """x with `value` wherever `mask` is True; mask broadcasts to x's shape (not the other way).
+    value may be inf or -inf (as for an attention mask) or nan."""
     check_float("masked_fill", x)
     mask = _mask_array("masked_fill", mask)
+    if not is_real_number(value):
+        raise InputTypeError(f"masked_fill: value must be a number, got {value!r} ({type(value).__name__})")
     if broadcast_shape("masked_fill", x.shape, mask.shape) != x.shape:
-        raise ValueError(f"masked_fill: a mask of shape {mask.shape} would enlarge the input of shape {x.shape}")
-    return MaskedFill.apply(x, mask, float(value))
+        raise InputError(f"masked_fill: a mask of shape {mask.shape} would enlarge the input of shape {x.shape}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise InputError(f"masked_fill: value {value} is too large for a float") from None
+    return MaskedFill.apply(x, mask, value)
 
 
 def where(condition, a, b):
+    """a where condition is True, else b: condition boolean; a and b Tensors, numpy arrays or
+    numbers (at least one a Tensor); all three broadcast together."""
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
-        raise TypeError("where: at least one of a and b must be a Tensor")
+        raise InputTypeError(f"where: at least one of a and b must be a Tensor, got {describe(a)} and {describe(b)}")
     if not isinstance(a, Tensor):
         a = as_tensor("where", a, b)
     if not isinstance(b, Tensor):
         b = as_tensor("where", b, a)
     check_float("where", a, b)
-    condition = _mask_array("where", condition)
+    condition = _mask_array("where", condition, "the condition")
     broadcast_shape("where", condition.shape, a.shape, b.shape)
     return Where.apply(condition, a, b)
 

@@ -34,6 +34,7 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
 from .checks import check_float
@@ -146,7 +147,7 @@ def swiglu(a, b):
     """silu(a) * b for two float tensors of one shape (the gate a and the value b)."""
     check_float("swiglu", a, b)
     if a.shape != b.shape:
-        raise ValueError(f"swiglu: gate and value must have the same shape, got {a.shape} and {b.shape}")
+        raise InputError(f"swiglu: gate and value must have the same shape, got {a.shape} and {b.shape}")
     return SwiGLU.apply(a, b)
 
 

@@ -47,11 +47,11 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor
+from ..tensor import FLOAT_DTYPES, Tensor, describe
 from .checks import check_float, normalize_dim
-
 
 # --------------------------------------------------------------------------------- numpy reference
 
@@ -76,9 +76,16 @@ def softmax_jacobian(y):
     numpy array. Returns (C, C) or (..., C, C), of the same kind. Row i, column j holds dy_i/dx_j.
     Backward never builds this: J @ g is y * (g - <g, y>), see the module docstring.
     """
-    values = y.data if isinstance(y, Tensor) else np.asarray(y)
+    if isinstance(y, Tensor):
+        values = y.data
+    elif isinstance(y, np.ndarray):
+        values = y
+    else:
+        raise InputTypeError(f"softmax_jacobian: y must be a Tensor or a numpy array, got {describe(y)}")
+    if values.dtype not in FLOAT_DTYPES:
+        raise InputTypeError(f"softmax_jacobian: y must be float32 or float64, got {values.dtype}")
     if values.ndim == 0:
-        raise ValueError("softmax_jacobian: y must have at least one dim (the softmax dim, last)")
+        raise InputError("softmax_jacobian: y must have at least one dim (the softmax dim, last)")
     column = values[..., :, None]  # (..., C, 1)
     jacobian = column * np.eye(values.shape[-1], dtype=values.dtype) - column * values[..., None, :]  # (..., C, C)
     return Tensor._from_array(jacobian) if isinstance(y, Tensor) else jacobian
@@ -214,8 +221,6 @@ class LogSoftmax(Function):
 
 
 def _check(op, x, dim):
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     check_float(op, x)
     return normalize_dim(op, dim, x.ndim)
 
