@@ -1,0 +1,273 @@
+"""Keep the docs' line links pointing at the lines they explain.
+
+A page links to one line of a source file, and says, as the link's title, what that line holds:
+
+    [layer_norm_backward_input](../microtensor/ops/layer_norm.py#L85 "def layer_norm_backward_input")
+
+When the file changes and the line moves, the number goes stale but the title does not, so the
+number can be found again: it is the first line of the file that contains the title.
+
+    python docs/links.py --check    # list every stale or broken reference; exit 1 if there is one
+    python docs/links.py --fix      # rewrite every stale number, then list what could not be fixed
+
+It looks at README.md and every docs/**/*.md, and knows three kinds of reference:
+
+1. A Markdown link with a `#L<n>` anchor and a title, as above. The anchor is fresh when line n
+   contains the title. Otherwise --fix moves it to the one line that contains the title; no such
+   line, several such lines, or a `#L<n>` link without a title, is an error that needs a person.
+2. A frame of a pasted pdb session, inside a fenced block: a line such as
+   `> microtensor/ops/layer_norm.py(84)layer_norm_backward_input()` followed by the line
+   `-> d_sum = zero` that pdb prints below it. Its text is the `->` line, looked for inside the
+   function pdb names (several lines holding that text there is an error, as for a link).
+   Paths are relative to the repository's root (paste sessions with the root's prefix removed);
+   frames in files outside the repository (Python's own) are left alone.
+3. A breakpoint: `b microtensor/ops/layer_norm.py:84` (also `break` and `tbreak`, in prose or in
+   a block; the path from the root, or with a leading `../` from a folder such as examples/) and
+   pdb's answer `Breakpoint 1 at microtensor/ops/layer_norm.py:84`. It has no text of its own: it
+   must name a line that a link or a frame of the same page names, and moves with it.
+
+Every other relative link (`[the example](../examples/step_backward.py)`) must name a file that
+exists, and a link to a heading (`autodiff.md#vjp-and-jvp`) a heading that exists.
+"""
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FENCE = re.compile(r"^[ \t]*(```+|~~~+)", re.MULTILINE)
+# [text](target#L12 "title") -- the text may hold nested brackets of inline code, not a "]("
+LINE_LINK = re.compile(r"\]\(\s*(?P<target>[^)\s#]+)#L(?P<line>\d+)(?:\s+\"(?P<title>[^\"]*)\")?\s*\)")
+ANY_LINK = re.compile(r"\]\(\s*(?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+FRAME = re.compile(r"^(?:> |  )?(?P<path>[^\s()<>]+\.py)\((?P<line>\d+)\)(?P<function>[\w<>]+)\(\)[ \t]*\n-> (?P<text>.*)$", re.MULTILINE)
+BREAK = re.compile(r"(?:\b(?:b|break|tbreak)[ \t]+|\b[Bb]reakpoint \d+ at )(?P<path>[\w./-]+\.py):(?P<line>\d+)\b")
+
+
+@dataclass
+class Reference:
+    page: Path  # the Markdown file
+    start: int  # where the line number is written in the page (character offsets)
+    end: int
+    source: Path  # the file the reference points into
+    line: int  # the line number written in the page (1-based)
+    text: str = None  # what that line must hold (None: a breakpoint, which borrows a line)
+    exact: bool = False  # frames: the stripped line equals text; links: the line contains text
+    function: str = None  # frames: the function pdb named
+    kind: str = "link"
+
+    def where(self):
+        row = self.page.read_text(encoding="utf-8").count("\n", 0, self.start) + 1
+        return f"{self.page.relative_to(ROOT)}:{row}"
+
+
+def pages():
+    """README.md and every Markdown file under docs/."""
+    found = [ROOT / "README.md"] if (ROOT / "README.md").exists() else []
+    return found + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def fenced_spans(text):
+    """(start, end) character offsets of every fenced code block in a Markdown text."""
+    spans, opened = [], None
+    for match in FENCE.finditer(text):
+        if opened is None:
+            opened = match
+        elif match.group(1)[0] == opened.group(1)[0] and len(match.group(1)) >= len(opened.group(1)):
+            spans.append((opened.start(), match.end()))
+            opened = None
+    if opened is not None:
+        spans.append((opened.start(), len(text)))
+    return spans
+
+
+def heading_anchors(page):
+    """The anchors GitHub gives the headings of a Markdown file: lower case, punctuation dropped,
+    spaces made hyphens, and -1, -2, ... added to repeats."""
+    text = page.read_text(encoding="utf-8")
+    spans = fenced_spans(text)
+    anchors, seen = set(), {}
+    for match in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, re.MULTILINE):
+        if _inside(match.start(), spans):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match[1].strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def _inside(offset, spans):
+    return any(start <= offset < end for start, end in spans)
+
+
+def references(page):
+    """Every reference to a line in `page`, and the problems found while reading them."""
+    text = page.read_text(encoding="utf-8")
+    spans = fenced_spans(text)
+    found, problems = [], []
+    for match in LINE_LINK.finditer(text):
+        if _inside(match.start(), spans):
+            continue
+        source = (page.parent / match["target"]).resolve()
+        reference = Reference(page, match.start("line"), match.end("line"), source, int(match["line"]), match["title"])
+        if match["title"] is None or not match["title"].strip():
+            problems.append(f"{reference.where()}: the link to {match['target']}#L{match['line']} has no title; "
+                            'write the text of that line as its title: (path#Ln "text on line n")')
+        elif not source.is_file():
+            problems.append(f"{reference.where()}: {match['target']} does not exist")
+        else:
+            found.append(reference)
+    for match in ANY_LINK.finditer(text):
+        target = match["target"]
+        if _inside(match.start(), spans) or re.match(r"^[a-z][a-z0-9+.-]*:|^<", target):
+            continue  # a web address
+        file_part, _, anchor = target.partition("#")
+        path = (page.parent / file_part).resolve() if file_part else page
+        reference = Reference(page, match.start(), match.end(), path, 0)
+        if not path.exists():
+            problems.append(f"{reference.where()}: the link to {target} names no file")
+        elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path):
+            problems.append(f"{reference.where()}: the link to {target} names no heading of {path.name} "
+                            f"(its headings: {', '.join(sorted(heading_anchors(path)))})")
+    for match in FRAME.finditer(text):
+        if not _inside(match.start(), spans):
+            continue
+        source = (ROOT / match["path"]).resolve()
+        if not source.is_file() or ROOT not in source.parents:
+            continue  # Python's own files, <string>, ...: not ours to keep fresh
+        found.append(Reference(page, match.start("line"), match.end("line"), source, int(match["line"]),
+                               match["text"].strip(), exact=True, function=match["function"], kind="frame"))
+    for match in BREAK.finditer(text):
+        # a path relative to the root, or to a folder one level down (`b ../microtensor/...` from examples/)
+        source = (ROOT / match["path"]).resolve()
+        if not source.is_file():
+            source = (ROOT / re.sub(r"^(\.\./)+", "", match["path"])).resolve()
+        if not source.is_file() or ROOT not in source.parents:
+            continue
+        found.append(Reference(page, match.start("line"), match.end("line"), source, int(match["line"]), kind="breakpoint"))
+    return found, problems
+
+
+_lines = {}
+
+
+def source_lines(path):
+    if path not in _lines:
+        _lines[path] = path.read_text(encoding="utf-8").splitlines()
+    return _lines[path]
+
+
+def _holds(reference, line_text):
+    return line_text.strip() == reference.text if reference.exact else reference.text in line_text
+
+
+def function_lines(lines, function):
+    """The numbers of the lines of every function called `function` in a file (a method's name may
+    recur in several classes): from its `def` to the last line indented deeper than the `def`."""
+    definition = re.compile(rf"^(\s*)(?:async\s+)?def\s+{re.escape(function)}\b")
+    numbers = set()
+    for start, line in enumerate(lines, 1):
+        match = definition.match(line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        end = start
+        for number in range(start + 1, len(lines) + 1):
+            body = lines[number - 1]
+            if body.strip() and len(body) - len(body.lstrip()) <= indent and not body.lstrip().startswith(")"):
+                break
+            end = number
+        numbers.update(range(start, end + 1))
+    return numbers
+
+
+def locate(reference):
+    """(the line the reference should name, None) or (None, the reason it cannot be found)."""
+    lines = source_lines(reference.source)
+    name = reference.source.relative_to(ROOT) if ROOT in reference.source.parents else reference.source
+    if 1 <= reference.line <= len(lines) and _holds(reference, lines[reference.line - 1]):
+        return reference.line, None
+    candidates = [number for number, line in enumerate(lines, 1) if _holds(reference, line)]
+    where = ""
+    if reference.function and reference.function != "<module>":
+        inside = function_lines(lines, reference.function)
+        candidates = [number for number in candidates if number in inside]
+        where = f" inside {reference.function}"
+    if not candidates:
+        return None, f"no line of {name}{where} holds {reference.text!r}"
+    if len(candidates) > 1:
+        remedy = ("make the title longer so that one line matches" if reference.kind == "link"
+                  else "paste the session again (a stop at a line whose text is unique is easier to keep)")
+        return None, (f"{len(candidates)} lines of {name}{where} hold {reference.text!r} (lines "
+                      f"{', '.join(map(str, candidates[:8]))}); {remedy}")
+    return candidates[0], None
+
+
+def scan():
+    """(edits: {page: [(start, end, new line)]}, stale: [messages], problems: [messages])."""
+    edits, stale, problems = {}, [], []
+    for page in pages():
+        found, page_problems = references(page)
+        problems += page_problems
+        moves = {}  # (source, old line) -> new line, from the references that carry a text
+        for reference in found:
+            if reference.kind == "breakpoint":
+                continue
+            new, problem = locate(reference)
+            if problem:
+                problems.append(f"{reference.where()}: {reference.kind} to line {reference.line}: {problem}")
+                continue
+            moves.setdefault((reference.source, reference.line), new)
+            if new != reference.line:
+                edits.setdefault(page, []).append((reference.start, reference.end, new))
+                stale.append(f"{reference.where()}: {reference.kind} {reference.source.relative_to(ROOT)}#L{reference.line} "
+                             f"should be #L{new} (the line holding {reference.text!r})")
+        for reference in found:
+            if reference.kind != "breakpoint":
+                continue
+            key = (reference.source, reference.line)
+            if key not in moves:
+                problems.append(f"{reference.where()}: the breakpoint at {reference.source.relative_to(ROOT)}:{reference.line} "
+                                "names a line that no titled link or pasted frame of this page names")
+            elif moves[key] != reference.line:
+                edits.setdefault(page, []).append((reference.start, reference.end, moves[key]))
+                stale.append(f"{reference.where()}: breakpoint {reference.source.relative_to(ROOT)}:{reference.line} "
+                             f"should be :{moves[key]}")
+    return edits, stale, problems
+
+
+def fix(edits):
+    for page, changes in edits.items():
+        text = page.read_text(encoding="utf-8")
+        for start, end, new in sorted(changes, reverse=True):
+            text = text[:start] + str(new) + text[end:]
+        page.write_text(text, encoding="utf-8")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--check", action="store_true", help="list stale or broken references, exit 1 if any")
+    action.add_argument("--fix", action="store_true", help="rewrite stale line numbers in place")
+    args = parser.parse_args(argv)
+    edits, stale, problems = scan()
+    if args.fix:
+        fix(edits)
+        for message in stale:
+            print("fixed:", message)
+    else:
+        for message in stale:
+            print("stale:", message)
+    for message in problems:
+        print("error:", message)
+    if args.check and stale:
+        print(f"\n{len(stale)} stale line number(s): run `python docs/links.py --fix`")
+    if problems:
+        print(f"\n{len(problems)} reference(s) need a person: --fix cannot repair them")
+    return 1 if problems or (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""The docs cannot rot: their line links, their code, the worked example and the debugger walk run here.
+
+- Every `#L<n>` link of README.md and docs/**/*.md still points at the line it explains
+  (docs/links.py; a moved line fails with the command that repairs it).
+- Every ```python block of those pages runs: the blocks of one page in order, sharing one
+  namespace of their own, from the repository's root (one interpreter runs every page, one page
+  after the other, to save starting one per page). A block marked
+  ```python no-run is skipped; that is only for code that cannot run offline (a trained checkpoint,
+  a file the reader brings). Every ```bash block whose first line is `# test: run` runs too.
+- examples/worked_example.py runs, says that microtensor agrees with its step-by-step numpy, and
+  prints the numbers docs/ops/attention.md shows.
+- The pdb session of docs/debugging.md is replayed: its commands fed to pdb, and it must stop where
+  the page says (inside LayerNorm's backward kernel and inside attention's).
+- The page's two warnings hold: with the JIT on, a breakpoint inside a kernel is never hit, and
+  breakpoint() inside a kernel does not compile.
+
+Everything also runs under NUMBA_DISABLE_JIT=1 (the subprocesses inherit the environment).
+
+To paste the debugger session again after a change: `python tests/test_docs.py pdb-session`.
+"""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEBUGGING_PAGE = ROOT / "docs" / "debugging.md"
+ATTENTION_PAGE = ROOT / "docs" / "ops" / "attention.md"
+PDB_COMMAND = [sys.executable, "-m", "pdb", "-m", "examples.step_backward"]
+PDB_SESSION_MARK = "<!-- pdb session"  # the comment above the pasted session in docs/debugging.md
+WORKED_EXAMPLE_MARK = "<!-- output of examples/worked_example.py"  # the same in docs/ops/attention.md
+TIMEOUT = 300  # seconds for one subprocess: generous, since a cold Numba cache compiles every kernel used
+
+
+def load_links():
+    spec = importlib.util.spec_from_file_location("doc_links", ROOT / "docs" / "links.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+links = load_links()
+
+
+# --------------------------------------------------------------------------------- reading the pages
+
+
+FENCE_LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)[ \t]*(?P<info>[^`\n]*)$")
+
+
+def code_blocks(page):
+    """(info string, line number of the block's first line of code, code) for every fenced block."""
+    blocks, opened = [], None
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        match = FENCE_LINE.match(line)
+        if opened is None:
+            if match:
+                opened, code = (match, number), []
+        elif match and match["fence"][0] == opened[0]["fence"][0] and len(match["fence"]) >= len(opened[0]["fence"]) and not match["info"].strip():
+            indent = len(opened[0]["indent"])
+            blocks.append((opened[0]["info"].strip(), opened[1] + 1, "\n".join(c[indent:] if c[:indent].isspace() else c for c in code)))
+            opened = None
+        else:
+            code.append(line)
+    return blocks
+
+
+def python_blocks(page):
+    """The ```python blocks of a page that are meant to run (not marked no-run)."""
+    runnable = []
+    for info, line, code in code_blocks(page):
+        words = info.split()
+        if words[:1] == ["python"] and "no-run" not in words[1:]:
+            runnable.append((line, code))
+    return runnable
+
+
+def bash_blocks(page):
+    return [(line, code) for info, line, code in code_blocks(page)
+            if info.split()[:1] in (["bash"], ["sh"]) and code.lstrip().startswith("# test: run")]
+
+
+def block_after(page, mark):
+    """The code of the first fenced block after the line holding `mark`."""
+    text = page.read_text(encoding="utf-8")
+    assert mark in text, f"{page.relative_to(ROOT)} lost the comment {mark!r} that marks a block this test checks"
+    mark_line = text[: text.index(mark)].count("\n") + 1
+    return next(code for info, line, code in code_blocks(page) if line > mark_line)
+
+
+def run_pages(pages, results_file):
+    """Run the python blocks of each page, in a fresh namespace per page, the blocks of one page in
+    order (called in a fresh interpreter, once for all the pages). Each block is compiled with the
+    page's name and its own line numbers, so a traceback points at the page's line. Between pages,
+    the settings a page may change (the kernel set, the default dtype) are put back. Writes
+    {page: None, or the traceback} to results_file as JSON."""
+    import traceback
+
+    sys.path.insert(0, str(ROOT))  # as when a reader runs the code from the repository's root
+    import microtensor as mt
+
+    kernels, dtype = mt.get_kernels(), mt.get_default_dtype()
+    results = {}
+    for page in pages:
+        namespace = {"__name__": "__main__"}
+        try:
+            for line, code in python_blocks(Path(page)):
+                exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)  # noqa: S102 (running the docs is the point)
+            results[page] = None if mt.is_grad_enabled() else "the page left gradient recording off (no_grad)"
+        except BaseException:  # noqa: BLE001 (SystemExit and KeyboardInterrupt in a block are failures too)
+            results[page] = traceback.format_exc()
+        finally:
+            mt.set_kernels(kernels)
+            mt.set_default_dtype(dtype)
+        Path(results_file).write_text(json.dumps(results))
+
+
+def run(command, stdin=None, env=None):
+    return subprocess.run(command, check=False, input=stdin, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=TIMEOUT)
+
+
+PAGES = links.pages()
+
+
+# --------------------------------------------------------------------------------- links
+
+
+def test_line_links_are_fresh():
+    _, stale, problems = links.scan()
+    assert not stale and not problems, (
+        "the docs' line links are out of date:\n  " + "\n  ".join(stale + problems)
+        + "\nrun `python docs/links.py --fix` (it moves each stale link to the line holding its title; "
+        "what it cannot fix, it lists)"
+    )
+
+
+def test_links_check_finds_a_stale_link(tmp_path, monkeypatch):
+    """docs/links.py --check must fail on a stale link and --fix must repair it (on a scratch page)."""
+    docs = tmp_path / "docs"
+    (docs / "ops").mkdir(parents=True)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "op.py").write_text("import numpy\n\n\ndef op_backward(g):\n    return g\n")
+    page = docs / "ops" / "op.md"
+    page.write_text('See [op_backward](../../pkg/op.py#L1 "def op_backward") and `b pkg/op.py:1`.\n'
+                    "```text\n> pkg/op.py(1)op_backward()\n-> return g\n```\n")
+    monkeypatch.setattr(links, "ROOT", tmp_path)
+    links._lines.clear()
+    try:
+        edits, stale, problems = links.scan()
+        assert len(stale) == 3 and not problems
+        links.fix(edits)
+        assert page.read_text().startswith('See [op_backward](../../pkg/op.py#L4 "def op_backward") and `b pkg/op.py:4`.')
+        assert "> pkg/op.py(5)op_backward()" in page.read_text()
+        page.write_text(page.read_text() + '[gone](../../pkg/op.py#L2 "def nothing_here")\n')
+        assert links.scan()[2], "a title that no line holds must be reported"
+    finally:
+        links._lines.clear()
+
+
+# --------------------------------------------------------------------------------- code blocks
+
+
+PAGES_WITH_CODE = [page for page in PAGES if python_blocks(page)]
+
+
+def test_the_pages_hold_code_to_run():
+    assert len(PAGES_WITH_CODE) >= 8, [str(p) for p in PAGES_WITH_CODE]
+
+
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory):
+    """{page: None, or the traceback of its failing block}, from one interpreter running every page."""
+    results_file = tmp_path_factory.mktemp("docs") / "results.json"
+    result = run([sys.executable, str(Path(__file__).resolve()), "run-pages", str(results_file)]
+                 + [str(page) for page in PAGES_WITH_CODE])
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    return results, result
+
+
+def test_python_blocks_run(page, page_results):
+    results, result = page_results
+    assert str(page) in results, (
+        f"the interpreter running the pages' code died before or during {page.relative_to(ROOT)}:\n"
+        f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    )
+    assert results[str(page)] is None, (
+        f"a python block of {page.relative_to(ROOT)} failed (the traceback's line numbers are the page's):\n"
+        f"{results[str(page)][-6000:]}"
+    )
+
+
+def test_bash_blocks_run(bash_block):
+    page, line, code = bash_block
+    result = run(["bash", "-e", "-o", "pipefail", "-c", code])
+    assert result.returncode == 0, (
+        f"the bash block at {page.relative_to(ROOT)}:{line} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+
+
+def pytest_generate_tests(metafunc):
+    if "page" in metafunc.fixturenames:
+        metafunc.parametrize("page", PAGES_WITH_CODE, ids=[str(p.relative_to(ROOT)) for p in PAGES_WITH_CODE])
+    if "bash_block" in metafunc.fixturenames:
+        blocks = [(page, line, code) for page in PAGES for line, code in bash_blocks(page)]
+        metafunc.parametrize("bash_block", blocks, ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in blocks])
+
+
+# --------------------------------------------------------------------------------- the worked example
+
+
+def test_worked_example_agrees_and_matches_the_page():
+    result = run([sys.executable, "examples/worked_example.py"])
+    assert result.returncode == 0 and "All values agree." in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    output = [line.rstrip() for line in result.stdout.splitlines()]
+    pasted = [line.rstrip() for line in block_after(ATTENTION_PAGE, WORKED_EXAMPLE_MARK).splitlines()]
+    assert len(pasted) > 20
+    starts = [i for i in range(len(output) - len(pasted) + 1) if output[i : i + len(pasted)] == pasted]
+    assert starts, (
+        "docs/ops/attention.md shows numbers that examples/worked_example.py no longer prints; "
+        "paste its output again (from its first line down to 'dv')"
+    )
+
+
+# --------------------------------------------------------------------------------- the debugger walk
+
+
+def pdb_transcript(commands, env=None):
+    """Run the commands through pdb on examples/step_backward.py; return the session as a person would
+    see it (each command after its prompt), paths relative to the repository, Python's own frames left out."""
+    env = {"NUMBA_DISABLE_JIT": "1", "MICROTENSOR_KERNELS": "readable", **(env or {})}
+    result = run(PDB_COMMAND, stdin="\n".join(commands) + "\n", env=env)
+    chunks = result.stdout.replace(str(ROOT) + os.sep, "").split("(Pdb) ")
+    session = chunks[0] + "".join(f"(Pdb) {command}\n{chunk}" for command, chunk in zip(commands, chunks[1:]))
+    lines = session.splitlines()
+    kept, skip = [], False
+    for line in lines:
+        if skip:
+            skip = False
+            continue
+        if re.match(r"^  (/|<)", line):  # a frame in Python's own files (bdb.py, <string>) and its source line
+            skip = line.startswith("  /")
+            continue
+        kept.append(line)
+    return "\n".join(kept).rstrip() + "\n", result
+
+
+def session_commands():
+    session = block_after(DEBUGGING_PAGE, PDB_SESSION_MARK)
+    return [line[len("(Pdb) "):] for line in session.splitlines() if line.startswith("(Pdb) ")]
+
+
+def test_pdb_walk_stops_in_both_kernels():
+    commands = session_commands()
+    assert commands[-1] == "q" and any(c.startswith("b microtensor/ops/layer_norm.py:") for c in commands)
+    transcript, _ = pdb_transcript(commands)
+    assert re.search(r"^> microtensor/ops/layer_norm\.py\(\d+\)layer_norm_backward_input\(\)$", transcript, re.MULTILINE), transcript
+    assert re.search(r"^> microtensor/ops/attention\.py\(\d+\)attention_backward\(\)$", transcript, re.MULTILINE), transcript
+    # every stop the page shows is one pdb makes, in the same order
+    shown = [line for line in block_after(DEBUGGING_PAGE, PDB_SESSION_MARK).splitlines() if line.startswith("> ")]
+    stops = iter(line for line in transcript.splitlines() if line.startswith("> "))
+    missing = [line for line in shown if not any(stop == line for stop in stops)]
+    assert not missing, (
+        f"docs/debugging.md shows stops that pdb no longer makes: {missing}\n"
+        "paste the session again (`python tests/test_docs.py pdb-session`); this run gave:\n" + transcript
+    )
+
+
+def breakpoint_lines():
+    """{file: line} of the `b file:line` commands of docs/debugging.md's session."""
+    found = {}
+    for command in session_commands():
+        match = re.match(r"b (\S+\.py):(\d+)$", command)
+        if match:
+            found[match[1]] = int(match[2])
+    return found
+
+
+def test_a_breakpoint_inside_a_compiled_kernel_is_never_hit(tmp_path):
+    import numba
+
+    if numba.config.DISABLE_JIT:
+        pytest.skip("this checks what happens with the JIT on")
+    script = tmp_path / "layer_norm_backward.py"
+    script.write_text("import microtensor as mt\nimport microtensor.functional as F\n\n"
+                      "x = mt.randn(3, 4, requires_grad=True)\nF.layer_norm(x).sum().backward()\nprint('backward finished')\n")
+    line = breakpoint_lines()["microtensor/ops/layer_norm.py"]
+    commands = f"b {ROOT / 'microtensor/ops/layer_norm.py'}:{line}\nc\nq\n"
+    result = subprocess.run([sys.executable, "-m", "pdb", str(script)], check=False, input=commands, capture_output=True, text=True,
+                            cwd=tmp_path, env={**os.environ, "MICROTENSOR_KERNELS": "readable"}, timeout=TIMEOUT)
+    assert f"Breakpoint 1 at {ROOT / 'microtensor/ops/layer_norm.py'}:{line}" in result.stdout, result.stdout + result.stderr
+    assert "backward finished" in result.stdout and "layer_norm_backward_input()" not in result.stdout, result.stdout
+
+
+def test_breakpoint_call_inside_a_kernel_does_not_compile(tmp_path):
+    import numba
+
+    if numba.config.DISABLE_JIT:
+        pytest.skip("under NUMBA_DISABLE_JIT=1 the kernel is Python, and breakpoint() works")
+    script = tmp_path / "kernel_with_breakpoint.py"
+    script.write_text("import numpy as np\nfrom microtensor.kernels import kernel\n\n\n@kernel\ndef add_one(x):\n"
+                      "    for i in range(x.shape[0]):\n        breakpoint()\n        x[i] += 1\n\n\nadd_one(np.zeros(3))\n")
+    result = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, cwd=tmp_path, timeout=TIMEOUT)
+    assert result.returncode != 0 and "Untyped global name 'breakpoint'" in result.stderr, result.stderr[-3000:]
+
+
+def test_vscode_launch_configuration():
+    launch = json.loads((ROOT / ".vscode" / "launch.json").read_text())
+    configurations = {c["name"]: c for c in launch["configurations"]}
+    step = next(c for c in configurations.values() if c.get("program", "").endswith("examples/step_backward.py"))
+    assert step["env"] == {"NUMBA_DISABLE_JIT": "1", "MICROTENSOR_KERNELS": "readable"}
+    for configuration in configurations.values():
+        if "program" in configuration:
+            program = configuration["program"].replace("${workspaceFolder}/", "")
+            assert "${" in program or (ROOT / program).is_file(), program
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["run-pages"]:
+        run_pages(sys.argv[3:], sys.argv[2])
+    elif sys.argv[1:2] == ["pdb-session"]:
+        print(pdb_transcript(session_commands())[0], end="")
+    else:
+        sys.exit("usage: python tests/test_docs.py run-pages RESULTS.json PAGE... | pdb-session")
