@@ -26,7 +26,7 @@ from .tensor import as_dtype as _as_dtype, check_flag as _check_flag
 from .errors import GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, ThreadingError
 from . import functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
-from .gradcheck import GradcheckError, gradcheck, gradcheck_case
+from .gradcheck import GradcheckError, GradcheckReport, gradcheck, gradcheck_case, gradcheck_report
 from .kernels import get_kernels, set_kernels, using_kernels
 from .threads import num_threads
 from .ops.shape import cat, concat, split, stack, where

@@ -93,6 +93,15 @@ class Context:
         self.saved_tensors = ()
         self.freed = False
 
+    @property
+    def name(self):
+        """The op's name: its Function's class name ("MatMul", "LayerNorm")."""
+        return self.function.__name__
+
+    def __repr__(self):
+        inputs = ", ".join(f"Tensor{tuple(x.shape)}" if isinstance(x, Tensor) else repr(x) for x in self.inputs)
+        return f"<{self.name}({inputs}), {len(self.saved_tensors)} arrays saved>"
+
     def save_for_backward(self, *arrays):
         """Keep `arrays` (inputs, views of inputs, or arrays forward made) for backward. Before
         backward runs, the walk checks that no Tensor input sharing memory with one of them has
@@ -276,9 +285,40 @@ def _root_gradient(root, grad):
     return grad
 
 
-def backward(root, grad=None, retain_graph=False):
-    """Fill `.grad` of every leaf tensor that `root` depends on with d(root)/d(leaf) contracted with `grad`."""
+def _run_hooks(tensor, grad):
+    """Call each hook of `tensor` with its complete gradient, as a read-only Tensor (the array may
+    be shared with other ops); a hook that returns a Tensor or array replaces the gradient."""
+    grad = np.asarray(grad)  # adding two 0-d gradients gives a numpy scalar
+    for hook in tensor._hooks:
+        view = grad.view()
+        view.flags.writeable = False
+        replacement = hook(Tensor._from_array(view))
+        if replacement is None:
+            continue
+        name = getattr(hook, "__name__", type(hook).__name__)
+        if isinstance(replacement, Tensor):
+            replacement = replacement._data
+        if not isinstance(replacement, np.ndarray):
+            raise GraphError(f"backward: the hook {name} returned {describe(replacement)}; expected None, a Tensor or a numpy array")
+        if replacement.shape != grad.shape or replacement.dtype != grad.dtype:
+            raise GraphError(
+                f"backward: the hook {name} returned a gradient of shape {replacement.shape} and dtype {replacement.dtype} "
+                f"for a tensor of shape {tensor.shape} and dtype {tensor.dtype}"
+            )
+        grad = replacement
+    return grad
+
+
+def backward(root, grad=None, retain_graph=False, run_op=None):
+    """Fill `.grad` of every leaf tensor that `root` depends on with d(root)/d(leaf) contracted with `grad`.
+
+    A tensor's hooks (`register_hook`) run when its gradient is complete: after every op that uses
+    it has sent its part, before the gradient goes on (or into `.grad`). `run_op(ctx, grad_out)`, when
+    given, is called instead of `ctx.function.backward(ctx, grad_out)` and must return what that
+    returns: the tracer in microtensor/debug.py times and measures each op through it."""
     retain_graph = check_flag("backward", "retain_graph", retain_graph)
+    if run_op is not None and not callable(run_op):
+        raise InputTypeError(f"backward: run_op must be a function (ctx, grad_out) -> gradients, got {describe(run_op)}")
     if not root.requires_grad:
         raise GraphError(
             "backward: this tensor does not require a gradient (no input of the ops that made it "
@@ -291,6 +331,8 @@ def backward(root, grad=None, retain_graph=False):
         grad_out = grads.pop(id(tensor), None)
         if grad_out is None:
             continue  # nothing flowed here (e.g. only through an input that needs no gradient)
+        if tensor._hooks:
+            grad_out = _run_hooks(tensor, grad_out)
         ctx = tensor._ctx
         if ctx is None or tensor._retains_grad:
             _accumulate_into_grad(tensor, grad_out)
@@ -303,7 +345,10 @@ def backward(root, grad=None, retain_graph=False):
                 "by the first backward; call backward(retain_graph=True) the first time"
             )
         ctx.check_versions(tensor)
-        input_grads = ctx.function.backward(ctx, grad_out)
+        if run_op is None:
+            input_grads = ctx.function.backward(ctx, grad_out)
+        else:
+            input_grads = run_op(ctx, grad_out)
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
         if len(input_grads) != len(ctx.inputs):

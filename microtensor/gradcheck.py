@@ -11,13 +11,21 @@ A random v matters: with v = ones (i.e. `fn(x).sum()`), a softmax's rows always 
 backward returning zeros would pass. Checks run in float64, where eps = 1e-6 leaves ~1e-10 of
 rounding noise in the difference quotient.
 
+A failed check is described by a GradcheckReport (the message of the GradcheckError that
+`gradcheck` raises, or what `gradcheck_report` returns): fn and the ops of its graph, which input,
+its worst element, backward's and the finite differences' values there, the error against the
+tolerance, and a hint for the next step. The checker's own frames set `__tracebackhide__`, so that
+under pytest a failure shows the test's line and the report, not this file's source.
+
 Every op registers a case with `@gradcheck_case(TheFunction)`: a function that, given a `draw`
 (random shapes and tensors; the test suite passes one driven by hypothesis), returns the function
 to check and its inputs, and optionally a dict of gradcheck options where a case has a reason to
 change them (written beside the case). `tests/test_gradcheck_cases.py` runs every case and fails if any Function
 in the package has none.
 """
+import inspect
 import math
+import os
 
 import numpy as np
 
@@ -25,16 +33,130 @@ from .errors import InputError, InputTypeError, MicrotensorError
 from .tensor import FLOAT_DTYPES, Tensor, check_flag, describe, float64
 
 
-class GradcheckError(MicrotensorError, AssertionError):
-    """A gradient that disagrees with finite differences; the message says where and by how much.
-    (An AssertionError too, so that a failed check in a test reads as a failed assertion.)"""
+class GradcheckReport:
+    """What a failed gradcheck found, and what to try next. `print(report)` shows it in a few lines;
+    every fact in those lines is also an attribute, to inspect or to test:
 
-    def __init__(self, message, input_index=None, element_index=None, analytic=None, numeric=None):
-        super().__init__(message)
-        self.input_index = input_index
-        self.element_index = element_index
-        self.analytic = analytic
-        self.numeric = numeric
+        function       fn's name ("layer_norm", "Softmax.apply", "<lambda>"), or None when it has none
+        ops            the names of the ops in fn's graph, in the order forward ran them: ("Softmax", "MatMul")
+        op_source      "file:line" of the backward when fn is one op (else None)
+        output_shape   the shape of fn's output, and so of the random upstream gradient
+        input_index    which of `inputs` failed (the first one that did, in order)
+        input_name     its parameter name in fn ("w" for `lambda x, w: ...`), or None
+        shape, dtype   that input's
+        element_index  the index, in that input, of the element furthest past the tolerance (a tuple)
+        analytic       backward's value there (a float), or None when no gradient reached the input
+        numeric        the finite differences' value there (a float)
+        error          |analytic - numeric| (analytic counted as 0 when None); relative_error is error / |numeric|
+        allowed        atol + rtol * |numeric|: the error the element may have
+        failed, checked, size   elements out of tolerance, elements compared, elements in the input
+        eps, atol, rtol, seed   the options the check ran with
+
+    Why a report and not only a message: a student (or a test) can ask `report.element_index`
+    instead of parsing text, and `gradcheck_report` hands it over without raising.
+    """
+
+    def __init__(self, *, function, ops, op_source, output_shape, input_index, input_name, shape, dtype,
+                 element_index, analytic, numeric, failed, checked, size, eps, atol, rtol, seed):  # fmt: skip
+        self.function, self.ops, self.op_source, self.output_shape = function, tuple(ops), op_source, tuple(output_shape)
+        self.input_index, self.input_name, self.shape, self.dtype = input_index, input_name, tuple(shape), dtype
+        self.element_index, self.analytic, self.numeric = tuple(element_index), analytic, numeric
+        self.failed, self.checked, self.size = failed, checked, size
+        self.eps, self.atol, self.rtol, self.seed = eps, atol, rtol, seed
+
+    @property
+    def error(self):
+        return abs((0.0 if self.analytic is None else self.analytic) - self.numeric)
+
+    @property
+    def allowed(self):
+        return self.atol + self.rtol * abs(self.numeric)
+
+    @property
+    def relative_error(self):
+        return self.error / abs(self.numeric) if self.numeric != 0 else math.inf
+
+    def __repr__(self):
+        return (
+            f"<GradcheckReport input {self.input_index} at {self.element_index}: "
+            f"analytic {self.analytic!r}, numeric {self.numeric!r}>"
+        )
+
+    def __str__(self):
+        element = f"{self.input_name or f'inputs[{self.input_index}]'}[{', '.join(str(i) for i in self.element_index)}]"
+        sampled = " sampled" if self.checked < self.size else ""
+        analytic = "None (no gradient reached the input)" if self.analytic is None else f"{self.analytic:.8g}"
+        lines = [
+            f"gradcheck failed for {self._subject()}",
+            (
+                f"  input {self.input_index}{f' ({self.input_name})' if self.input_name else ''}: shape {self.shape}, "
+                f"{self.dtype}; {self.failed} of {self.checked}{sampled} elements out of tolerance, the worst {element}:"
+            ),
+            f"  analytic (backward) {analytic}  vs  numeric (finite differences) {self.numeric:.8g}",
+            (
+                f"  error {self.error:.3g} (relative {self.relative_error:.3g}) > allowed {self.allowed:.3g} "
+                f"= atol {self.atol:g} + rtol {self.rtol:g} * |numeric|"
+            ),
+        ]
+        for side, value in (("backward", self.analytic), ("the finite differences", self.numeric)):
+            if value is not None and math.isnan(value):
+                lines.append(f"  {side} gave NaN (not a number), which agrees with nothing")
+            elif value is not None and math.isinf(value):
+                lines.append(f"  {side} gave {value:g}, which agrees with nothing")
+        lines += [
+            f"  Both are d sum(upstream * f) / d {element}, upstream a random array shaped like f's output",
+            f"  {self.output_shape} (seed {self.seed}): every output's derivative, weighted, not the derivative of one output.",
+        ]
+        hint = self._hint()
+        lines.append(f"  Hint: {hint[0]}")
+        lines += [f"  {line}" for line in hint[1:]]
+        return "\n".join(lines)
+
+    def _subject(self):
+        if not self.ops:
+            graph = "no op in its graph"
+        elif len(self.ops) <= 6:
+            graph = f"ops: {' -> '.join(self.ops)}"
+        else:
+            graph = f"{len(self.ops)} ops: {' -> '.join(self.ops[:3])} -> ... -> {' -> '.join(self.ops[-2:])}"
+        name = {"<lambda>": "a lambda", None: "fn"}.get(self.function, self.function)
+        return f"{name} ({graph})"
+
+    def _hint(self):
+        """The next step, as lines: what a student can do about this failure."""
+        if self.analytic is None:
+            return [
+                f"no op's backward sent a gradient to input {self.input_index}: a backward returned None for it,",
+                "or f used it through .data, numpy or .detach(), which the graph does not record.",
+            ]
+        if not math.isfinite(self.numeric):
+            return ["f is not finite within eps of this element (log(0)? x/0? sqrt(-x)?): check it at other values."]
+        if len(set(self.ops)) > 1:
+            return [
+                "f is composite: gradcheck each op alone, e.g. mt.gradcheck(lambda x: F.softmax(x, dim=-1), [x]),",
+                "and read the backward of the op that fails.",
+            ]
+        where = f" ({self.op_source})" if self.op_source else ""
+        return [f"f is one op: read {self.ops[0] if self.ops else 'its'}.backward{where}, the gradient it returns for this input."]
+
+
+class GradcheckError(MicrotensorError, AssertionError):
+    """A gradient that disagrees with finite differences. `str(error)` is the report's text; the
+    facts are attributes: `report` (the GradcheckReport, with everything above), and, for short,
+    `input_index`, `element_index`, `analytic` (None when no gradient reached the input) and
+    `numeric`. An AssertionError too, so that a failed check in a test reads as a failed assertion.
+    """
+
+    def __init__(self, report):
+        super().__init__(str(report))
+        self.report = report
+        self.input_index = report.input_index
+        self.element_index = report.element_index
+        self.analytic = report.analytic
+        self.numeric = report.numeric
+
+    def __reduce__(self):  # rebuilt from the report, for pickling (e.g. from a worker process)
+        return (type(self), (self.report,))
 
 
 def _contracted_output(fn, inputs, upstream):
@@ -51,12 +173,27 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
     eps, atol, rtol: step and tolerance; an element fails when |analytic - numeric| > atol + rtol |numeric|.
     seed: for the random upstream gradient (and the sampled elements).
     max_elements: check at most this many randomly chosen elements of each input (for big inputs).
-    Returns True, or raises GradcheckError naming the input, the worst element, both values and the error
-    (returns False instead when raise_exception=False). A NaN on either side (backward's or the finite
-    differences') is a failure: it agrees with nothing.
+    Returns True, or raises GradcheckError, whose message is a GradcheckReport: which input, the
+    worst element, both values, the error against the tolerance, and a hint. With
+    raise_exception=False it returns False instead; `gradcheck_report` (same arguments) returns
+    the report itself. A NaN on either side (backward's or the finite differences') is a failure:
+    it agrees with nothing.
     """
-    eps, atol, rtol, seed, max_elements = _check_options(fn, eps, atol, rtol, seed, max_elements)
+    __tracebackhide__ = True  # pytest shows the test's line and the report, not this function's source
     raise_exception = check_flag("gradcheck", "raise_exception", raise_exception)
+    report = gradcheck_report(fn, inputs, eps=eps, atol=atol, rtol=rtol, seed=seed, max_elements=max_elements)
+    if report is None:
+        return True
+    if raise_exception:
+        raise GradcheckError(report)
+    return False
+
+
+def gradcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=None):
+    """The check of `gradcheck` (same arguments and meaning), returning None when every checked
+    gradient agrees, else the GradcheckReport of the first input that does not."""
+    __tracebackhide__ = True
+    eps, atol, rtol, seed, max_elements = _check_options(fn, eps, atol, rtol, seed, max_elements)
     if isinstance(inputs, Tensor) or not hasattr(inputs, "__iter__"):
         raise InputTypeError(f"gradcheck: inputs must be a list or tuple of Tensors (and other arguments), got {describe(inputs)}")
     inputs = tuple(inputs)
@@ -89,6 +226,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
         raise InputError(f"gradcheck: fn returned an output of shape {out.shape} with non-finite values (nan or inf)")
     if not out.requires_grad:
         raise InputError("gradcheck: the output does not depend on any input that requires a gradient")
+    ops = _op_names(out)  # before backward, which frees what the ops saved (the graph's shape stays)
     upstream = rng.standard_normal(out.shape).astype(out.dtype)
     out.backward(upstream)
 
@@ -99,6 +237,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
         if max_elements is not None and x.data.size > max_elements:
             flat_indices = rng.choice(x.data.size, size=max_elements, replace=False)
         worst = None  # (error / tolerance, index, analytic, numeric)
+        failed = 0
         for flat in flat_indices:
             index = np.unravel_index(flat, x.data.shape)
             original = x.data[index]
@@ -118,23 +257,65 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=N
             ratio = error / allowed if allowed > 0 else (0.0 if error == 0 else math.inf)
             if not math.isfinite(ratio):
                 ratio = math.inf
+            failed += ratio > 1
             if worst is None or ratio > worst[0]:
                 worst = (ratio, tuple(int(j) for j in index), analytic, numeric)
         if worst is not None and worst[0] > 1:
             _, index, analytic, numeric = worst
-            message = (
-                f"gradcheck failed for input {i} (shape {x.shape}): at index {index} backward gives "
-                f"{analytic:.8g} but finite differences give {numeric:.8g} "
-                f"(error {abs(analytic - numeric):.3g}, allowed {atol + rtol * abs(numeric):.3g} = "
-                f"atol {atol:g} + rtol {rtol:g} * |numeric|)"
-            )
-            if math.isnan(analytic) or math.isnan(numeric):
-                side = "backward" if math.isnan(analytic) else "the finite differences"
-                message += f"; {side} gave NaN (not a number), which agrees with nothing"
-            if raise_exception:
-                raise GradcheckError(message, i, index, analytic, numeric)
-            return False
-    return True
+            return GradcheckReport(
+                function=_name_of(fn), ops=ops, op_source=_backward_source(out) if len(set(ops)) == 1 else None,
+                output_shape=out.shape, input_index=i, input_name=_parameter_name(fn, i, len(inputs)),
+                shape=x.shape, dtype=str(x.dtype), element_index=index,
+                analytic=None if x.grad is None else analytic, numeric=numeric,
+                failed=int(failed), checked=len(flat_indices), size=x.data.size,
+                eps=eps, atol=atol, rtol=rtol, seed=seed,
+            )  # fmt: skip
+    return None
+
+
+def _op_names(out):
+    """The names of the ops that made `out`, in the order forward ran them (the engine's own order)."""
+    # imported here: autograd imports the tensor module, which imports this one
+    from .autograd import topological_order
+
+    names = []
+    for tensor in topological_order(out):
+        node = getattr(tensor, "grad_fn", tensor._ctx)
+        if node is not None:
+            names.append(getattr(node, "name", None) or node.function.__name__)
+    return tuple(names)
+
+
+def _name_of(fn):
+    """fn's name for the report ("Softmax.apply" for a Function's apply), or None when it has none."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, type) and getattr(fn, "__name__", None) == "apply":
+        return f"{owner.__name__}.apply"
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+def _parameter_name(fn, index, count):
+    """The name fn gives its parameter number `index` (`lambda x, w:` calls input 1 "w"), if it has one."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins and some callables have no signature
+        return None
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return positional[index].name if index < len(positional) and len(positional) >= count else None
+
+
+def _backward_source(out):
+    """"file:line" of the backward of the op that made `out` (relative to the working directory when inside it)."""
+    node = getattr(out, "grad_fn", out._ctx)
+    try:
+        backward = inspect.unwrap(node.function.backward)
+        path, (lines, line) = inspect.getsourcefile(backward), inspect.getsourcelines(backward)
+        relative = os.path.relpath(path)
+    except (AttributeError, TypeError, OSError, ValueError):  # no file: defined in a REPL or by exec()
+        return None
+    line += next((k for k, text in enumerate(lines) if text.lstrip().startswith("def ")), 0)  # past @staticmethod
+    return f"{path if relative.startswith('..') else relative}:{line}"
 
 
 def _check_options(fn, eps, atol, rtol, seed, max_elements):

@@ -2,8 +2,9 @@
 
 A Tensor holds its values in `.data` (a numpy array, float32 unless asked otherwise), and after
 `loss.backward()` the gradient of the loss with respect to it in `.grad` (an array of the same shape
-and dtype, or None). `._ctx` is the Context of the op that made it (None for a leaf: a tensor the
-user made). The arithmetic operators and methods below only forward to the ops in `microtensor/ops/`,
+and dtype, or None). `.grad_fn` is the Context of the op that made it (None for a leaf: a tensor the
+user made), the node of the graph that backward walks; `register_hook(fn)` lets a function see (or
+replace) the gradient as it arrives. The arithmetic operators and methods below only forward to the ops in `microtensor/ops/`,
 where each op's math, kernels and backward live.
 
 What a Tensor may hold: float32 or float64 values (the only ones that can require a gradient),
@@ -138,9 +139,19 @@ def _to_array(data, dtype, where="tensor"):
     return array if dtype is None else _convert(where, array, dtype)
 
 
+class RemovableHook:
+    """What `register_hook` returns: `.remove()` unregisters the hook (a second call does nothing)."""
+
+    def __init__(self, tensor, hook):
+        self.tensor, self.hook = tensor, hook
+
+    def remove(self):
+        self.tensor._hooks = tuple(h for h in self.tensor._hooks if h is not self.hook)
+
+
 class Tensor:
     # _version_counter: a one-element list, shared by a tensor and its views (see the module docstring)
-    __slots__ = ("_data", "_version_counter", "grad", "requires_grad", "_ctx", "_retains_grad", "__weakref__")
+    __slots__ = ("_data", "_version_counter", "grad", "requires_grad", "_ctx", "_retains_grad", "_hooks", "__weakref__")
 
     # numpy's operators hand every operation with a Tensor to the Tensor's own (see the module docstring).
     __array_ufunc__ = None
@@ -156,6 +167,7 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self._ctx = None
         self._retains_grad = False
+        self._hooks = ()
 
     @classmethod
     def _from_array(cls, array, requires_grad=False):
@@ -167,6 +179,7 @@ class Tensor:
         tensor.requires_grad = requires_grad
         tensor._ctx = None
         tensor._retains_grad = False
+        tensor._hooks = ()
         return tensor
 
     @property
@@ -226,7 +239,16 @@ class Tensor:
 
     @property
     def is_leaf(self):
+        """True for a tensor no recorded op made (one you created, or any tensor that needs no
+        gradient): backward fills `.grad` on leaves only (see retain_grad for the others)."""
         return self._ctx is None
+
+    @property
+    def grad_fn(self):
+        """The record of the op that made this tensor, or None for a leaf: a Context whose `.name`
+        is the op ("LayerNorm"), `.inputs` its arguments (the input Tensors are the graph's next
+        nodes: follow their `.grad_fn`), and `.saved_tensors` the arrays its backward will read."""
+        return self._ctx
 
     def size(self, dim=None):
         """The shape, or the size of one dim."""
@@ -311,6 +333,19 @@ class Tensor:
 
     def zero_grad(self):
         self.grad = None
+
+    def register_hook(self, hook):
+        """Call `hook(grad)` during backward when this tensor's gradient is complete (every use has
+        added its part), before it flows on to the inputs or into `.grad`. `grad` is a read-only
+        Tensor; a hook that returns a Tensor or array of the same shape and dtype replaces the
+        gradient, one that returns None leaves it. Returns a handle whose `.remove()` takes the
+        hook away. Hooks on one tensor run in the order they were registered."""
+        if not callable(hook):
+            raise InputTypeError(f"register_hook: expected a function grad -> None or a new gradient, got {describe(hook)}")
+        if not self.requires_grad:
+            raise GraphError("register_hook: this tensor does not require a gradient, so no gradient will reach the hook")
+        self._hooks = self._hooks + (hook,)
+        return RemovableHook(self, hook)
 
     def retain_grad(self):
         """Keep `.grad` on this non-leaf tensor after backward (leaves always keep theirs)."""

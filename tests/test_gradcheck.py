@@ -1,9 +1,18 @@
-"""The gradient checker itself: it passes correct backwards and reports wrong ones."""
+"""The gradient checker itself: it passes correct backwards and reports wrong ones, in a few lines
+a student can act on."""
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import microtensor as mt
 from microtensor import Function, GradcheckError, gradcheck
+from microtensor.gradcheck import GradcheckReport, gradcheck_report
 
 
 def make_function(backward):
@@ -63,7 +72,7 @@ def test_correct_backward_passes():
 
 @pytest.mark.parametrize("backward", [zeros_backward, transposed_backward, missing_term_backward])
 def test_wrong_backward_is_reported(backward):
-    with pytest.raises(GradcheckError, match=r"gradcheck failed for input \d \(shape \(\d, \d\)\): at index"):
+    with pytest.raises(GradcheckError, match=r"gradcheck failed for Candidate.apply \(ops: Candidate\)\n  input \d: shape \(\d, \d\)"):
         gradcheck(make_function(backward).apply, inputs())
 
 
@@ -76,22 +85,157 @@ def test_zeros_backward_of_softmax_would_pass_a_sum_check():
         gradcheck(fn, inputs())
 
 
+def off_by_half_at_2_3(ctx, g):
+    """Right everywhere but at w[2, 3], which is 0.5 too big."""
+    grad_x, grad_w = correct_backward(ctx, g)
+    grad_w = grad_w.copy()
+    grad_w[2, 3] += 0.5
+    return grad_x, grad_w
+
+
 def test_failure_reports_the_worst_element():
-    def off_by_one_element(ctx, g):
-        grad_x, grad_w = correct_backward(ctx, g)
-        grad_w = grad_w.copy()
-        grad_w[2, 3] += 0.5
-        return grad_x, grad_w
+    with pytest.raises(GradcheckError) as info:
+        gradcheck(make_function(off_by_half_at_2_3).apply, inputs())
+    error = info.value
+    assert error.input_index == 1
+    assert error.element_index == (2, 3)
+    assert abs(error.analytic - error.numeric - 0.5) < 1e-6
+    assert error.report.failed == 1 and error.report.checked == 16
+
+
+def test_the_report_says_what_failed_and_what_to_do():
+    with pytest.raises(GradcheckError) as info:
+        gradcheck(make_function(off_by_half_at_2_3).apply, inputs())
+    report = info.value.report
+    text = str(info.value)
+    assert text == str(report)
+    lines = text.splitlines()
+    assert len(lines) <= 8, text
+    assert lines[0] == "gradcheck failed for Candidate.apply (ops: Candidate)"
+    assert "input 1: shape (4, 4), float64; 1 of 16 elements out of tolerance, the worst inputs[1][2, 3]" in text
+    assert f"analytic (backward) {report.analytic:.8g}  vs  numeric (finite differences) {report.numeric:.8g}" in text
+    assert f"error {report.error:.3g} (relative {report.relative_error:.3g}) > allowed {report.allowed:.3g} = atol 1e-05 + rtol 0.001" in text
+    assert "Both are d sum(upstream * f) / d inputs[1][2, 3], upstream a random array shaped like f's output\n  (3, 4) (seed 0)" in text
+    assert "not the derivative of one output" in text
+    # one op: the hint points at its backward, file and line
+    source = Path(__file__).read_text()
+    line = source[: source.index("        def backward(ctx, grad_out):\n            return backward(")].count("\n") + 1
+    assert f"Hint: f is one op: read Candidate.backward (tests/test_gradcheck.py:{line}), the gradient it returns" in text
+    assert report.allowed == pytest.approx(1e-5 + 1e-3 * abs(report.numeric))
+    assert report.error == pytest.approx(0.5, abs=1e-6)
+    assert (report.input_name, report.shape, report.dtype, report.seed) == (None, (4, 4), "float64", 0)
+
+
+def test_a_composite_function_gets_its_ops_and_the_hint_to_check_them_one_by_one():
+    candidate = make_function(off_by_half_at_2_3).apply
+
+    def block(x, w):
+        return candidate(x, w) * 2.0 + x  # elementwise ops: numpy, nothing to compile
 
     with pytest.raises(GradcheckError) as info:
-        gradcheck(make_function(off_by_one_element).apply, inputs())
-    assert info.value.input_index == 1
-    assert info.value.element_index == (2, 3)
-    assert abs(info.value.analytic - info.value.numeric - 0.5) < 1e-6
+        gradcheck(block, inputs())
+    text = str(info.value)
+    assert info.value.report.ops == ("Candidate", "Mul", "Add")
+    assert text.startswith("gradcheck failed for block (ops: Candidate -> Mul -> Add)\n")
+    assert "input 1 (w): shape (4, 4)" in text and "the worst w[" in text  # the parameter's own name
+    assert "f is composite: gradcheck each op alone, e.g. mt.gradcheck(lambda x: F.softmax(x, dim=-1), [x])" in text
+
+
+def test_a_long_graph_is_shortened():
+    x = mt.tensor(np.linspace(0.1, 1.0, 4), requires_grad=True)
+    candidate = make_function(zeros_backward).apply
+
+    def deep(x):
+        return candidate((((x * 2 + 1) * 3 - 1) * 0.5).reshape(2, 2), mt.tensor(np.eye(2)))
+
+    with pytest.raises(GradcheckError, match=r"failed for deep \(7 ops: Mul -> Add -> Mul -> \.\.\. -> Reshape -> Candidate\)"):
+        gradcheck(deep, [x])
+
+
+def test_an_input_that_got_no_gradient_is_reported_as_such():
+    class ForgetsX(Function):
+        """y = x @ w, whose backward returns None for x."""
+
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x)
+            return x @ w
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            (x,) = ctx.saved_tensors
+            return None, x.T @ grad_out
+
+    x, w = inputs()
+    with pytest.raises(GradcheckError) as info:
+        gradcheck(lambda x, w: ForgetsX.apply(x, w), [x, w])
+    assert info.value.input_index == 0 and info.value.analytic is None and x.grad is None
+    text = str(info.value)
+    assert text.startswith("gradcheck failed for a lambda (ops: ForgetsX)\n  input 0 (x): shape (3, 4)")
+    assert "analytic (backward) None (no gradient reached the input)" in text
+    assert "no op's backward sent a gradient to input 0: a backward returned None for it" in text
 
 
 def test_raise_exception_false_returns_false():
     assert gradcheck(make_function(zeros_backward).apply, inputs(), raise_exception=False) is False
+
+
+def test_gradcheck_report_returns_the_report_or_none():
+    report = gradcheck_report(make_function(off_by_half_at_2_3).apply, inputs())
+    assert isinstance(report, GradcheckReport)
+    assert (report.input_index, report.element_index) == (1, (2, 3))
+    assert str(report).startswith("gradcheck failed for Candidate.apply")
+    assert repr(report).startswith("<GradcheckReport input 1 at (2, 3): analytic 0.")
+    assert gradcheck_report(make_function(correct_backward).apply, inputs()) is None
+
+
+def test_a_gradcheck_error_survives_pickling():
+    error = GradcheckError(gradcheck_report(make_function(off_by_half_at_2_3).apply, inputs()))
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and copy.element_index == (2, 3)
+
+
+WRONG_GRADIENT_TEST = """
+import numpy as np
+import microtensor as mt
+
+
+class Square(mt.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        grad = 2 * x * grad_out
+        grad[1, 2] = x[1, 2] * grad_out[1, 2]  # the 2 forgotten in one element
+        return (grad,)
+
+
+def test_square():
+    x = mt.tensor(np.linspace(0.5, 2.0, 12).reshape(3, 4), requires_grad=True)
+    assert mt.gradcheck(Square.apply, [x])
+"""
+
+
+def test_a_failure_in_pytest_is_the_report_not_pages_of_source(tmp_path):
+    """What a student sees under `pytest -q`: the test's line and the report, in about 25 lines,
+    not the source of gradcheck's frames (they are hidden with __tracebackhide__)."""
+    (tmp_path / "test_square.py").write_text(textwrap.dedent(WRONG_GRADIENT_TEST))
+    environment = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # hypothesis's plugin: not needed, slow to load
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_square.py"],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert len(output.splitlines()) <= 25, output
+    assert "gradcheck failed for Square.apply (ops: Square)" in output
+    assert "1 of 12 elements out of tolerance, the worst inputs[0][1, 2]" in output
+    assert "Hint: f is one op: read Square.backward (test_square.py:" in output
+    assert "gradcheck.py" not in output and "gradcheck_report(" not in output, output
 
 
 def test_max_elements_samples_a_subset():
@@ -130,7 +274,7 @@ def nan_backward(ctx, g):
 
 
 def test_a_nan_from_backward_fails_with_a_clear_report():
-    with pytest.raises(GradcheckError, match=r"at index \(1, 2\) backward gives nan .* backward gave NaN \(not a number\)") as info:
+    with pytest.raises(GradcheckError, match=r"the worst inputs\[1\]\[1, 2\]:\n  analytic \(backward\) nan .*\n.*\n  backward gave NaN \(not a number\)") as info:
         gradcheck(make_function(nan_backward).apply, inputs())
     assert info.value.input_index == 1 and np.isnan(info.value.analytic)
     assert gradcheck(make_function(nan_backward).apply, inputs(), raise_exception=False) is False

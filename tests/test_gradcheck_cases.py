@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import microtensor
 from microtensor.autograd import Function
-from microtensor.gradcheck import GRADCHECK_CASES, gradcheck
+from microtensor.gradcheck import GRADCHECK_CASES, gradcheck_report
+from microtensor.tensor import Tensor
 from strategies import HypothesisDraw
 
 
@@ -48,9 +49,41 @@ CASES = [
 ]
 
 
+class RecordedData:
+    """hypothesis's `data`, keeping what each draw returned, so that a failure can say what was drawn."""
+
+    def __init__(self, data):
+        self.data, self.drawn = data, []
+
+    def draw(self, strategy, label=None):
+        value = self.data.draw(strategy, label=label)
+        self.drawn.append(f"{label}={value}" if label else str(value))
+        return value
+
+
+def describe_inputs(inputs):
+    """The drawn inputs in one line: "(2, 3) float64 requires_grad, (2,) int64, -1"."""
+    return ", ".join(
+        f"{x.shape} {x.dtype}{' requires_grad' if x.requires_grad else ''}" if isinstance(x, Tensor) else repr(x)
+        for x in inputs
+    )
+
+
 @pytest.mark.parametrize("case", CASES)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # kernel_set is the same for every example
 @given(data=st.data())
 def test_gradcheck(case, data, kernel_set):
+    # A failure prints the case, what hypothesis drew, and gradcheck's report, with no traceback:
+    # pages of hypothesis's and gradcheck's source would bury the few lines that say what is wrong.
+    # (Hypothesis shrinks the example first, and replays it from its database on the next run.)
+    data = RecordedData(data)
     fn, inputs, *options = case(HypothesisDraw(data))
-    assert gradcheck(fn, inputs, **(options[0] if options else {}))
+    options = options[0] if options else {}
+    report = gradcheck_report(fn, inputs, **options)
+    if report is not None:
+        pytest.fail(
+            f"case {case.__module__}.{case.__name__}, {kernel_set} kernels\n"
+            f"  hypothesis drew {', '.join(data.drawn)}: inputs {describe_inputs(inputs)}"
+            f"{f', options {options}' if options else ''}\n{report}",
+            pytrace=False,
+        )
