@@ -3,6 +3,16 @@
     python generate.py                                  # from out/ckpt.npz
     python generate.py --prompt "ROMEO:" --temperature 0.8 --top-k 40 --num-samples 2
     python generate.py --kernels readable               # every token through the modules' readable kernels
+    python generate.py --beam 4                         # beam search: the most probable continuation it finds
+    python generate.py --draft-dir out-small            # speculative decoding with a small draft model
+
+Three ways to generate: sampling (or greedy, --temperature 0) one token at a time, the default;
+beam search (--beam K, docs/beam-search.md), which keeps the K most probable hypotheses and prints
+the log-probability of its result beside greedy decoding's; and speculative decoding
+(--draft-dir DIR, docs/speculative-decoding.md), where a smaller model trained by train.py on the
+same tokenizer proposes --speculate tokens that the model checks in one forward: the text has the
+same distribution as sampling from the model alone (the same text at --temperature 0), and the
+program prints how many proposals were accepted. models/decoding.py holds both.
 
 As train.py, it ends in one line saying what is wrong, never in a traceback: flags are checked
 first, then the checkpoint (models/checkpoint.py refuses a truncated or corrupted file by name),
@@ -22,11 +32,15 @@ from rich.markup import escape
 
 import microtensor as mt
 import microtensor.fast.process
-from microtensor.errors import MicrotensorError
+from microtensor.errors import InputError, MicrotensorError
 from models import checkpoint
+from models.bpe import BytePairTokenizer
 from models.data import CharTokenizer, DataError
-from models.gpt import GPT, GPTConfig
-from train import FlagError, Interrupted, add_kernels_argument, signal_name, signals_handled_by
+from models.decoding import SpeculativeStats, beam_search, log_softmax, speculative_tokens
+from models.quantize import quantize_model, weight_bytes
+from train import FlagError, Interrupted, add_kernels_argument, explicit_flags, signal_name, signals_handled_by
+
+DEFAULT_SPECULATE = 4  # the draft's proposals per round
 
 console = Console()
 
@@ -43,11 +57,22 @@ def build_parser():
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context for every token (slower; same result)")
     add_kernels_argument(p, p)
+    beam = p.add_argument_group("beam search (docs/beam-search.md)")
+    beam.add_argument("--beam", type=int, default=None, metavar="K", help="beam search with K beams instead of sampling (1 is greedy); deterministic, so it takes no --temperature > 0, --top-k or --top-p")
+    beam.add_argument("--length-penalty", type=float, default=0.0, metavar="ALPHA", help="with --beam and --stop: rank hypotheses by log-probability / length^ALPHA (0: by log-probability)")
+    beam.add_argument("--stop", default=None, metavar="TEXT", help="with --beam: a hypothesis ends when it generates this text (one token of the tokenizer, e.g. a newline)")
+    p.add_argument("--merge-lora", action="store_true", help="for a LoRA fine-tuning's checkpoint: fold the adapters into the base's weights first (same logits, and the one-token kernel can run)")
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="store every weight matrix in 8 bits (per output channel) or 4 bits (groups of 32) and compute from the codes (docs/quantization.md)")
+    spec = p.add_argument_group("speculative decoding (docs/speculative-decoding.md)")
+    spec.add_argument("--draft-dir", default=None, metavar="DIR", help="folder of a smaller model's checkpoint, trained by train.py with the same tokenizer, that proposes tokens for this one to check")
+    spec.add_argument("--speculate", type=int, default=DEFAULT_SPECULATE, metavar="K", help="tokens the draft proposes per round, with --draft-dir")
     return p
 
 
-def check_args(args):
-    """Every flag, before the checkpoint is read; raises FlagError for the first that cannot work."""
+def check_args(args, explicit=()):
+    """Every flag, before the checkpoint is read; raises FlagError for the first that cannot work.
+    explicit: the flags given on the command line (train.explicit_flags), to refuse a --temperature
+    or --num-samples that beam search would ignore."""
 
     def need(ok, name, expected):
         if not ok:
@@ -61,19 +86,74 @@ def check_args(args):
     need(args.top_k is None or args.top_k >= 1, "top_k", "an integer >= 1")
     need(args.top_p is None or 0 < args.top_p <= 1, "top_p", "a number in (0, 1]")  # nan fails it
     need(args.prompt != "", "prompt", "at least one character")
+    check_beam_args(args, explicit)
+    check_speculative_args(args, explicit)
+
+
+def check_beam_args(args, explicit):
+    """--beam K >= 1, and none of the flags it cannot honour: beam search is deterministic (it
+    keeps the K most probable hypotheses and draws nothing), so sampling's flags would be ignored."""
+    if args.beam is None:
+        for name, given in (("stop", args.stop), ("length_penalty", args.length_penalty or None)):
+            if given is not None:
+                raise FlagError(name, f"{given!r} without --beam", "--beam K as well: it is an option of beam search")
+        return
+    if args.beam < 1:
+        raise FlagError("beam", args.beam, "an integer >= 1 (the beams kept; 1 is greedy search)")
+    deterministic = "beam search is deterministic: it keeps the most probable hypotheses and samples nothing"
+    for name in ("top_k", "top_p"):
+        if getattr(args, name) is not None:
+            raise FlagError(name, f"{getattr(args, name)} with --beam {args.beam}", f"no --{name.replace('_', '-')}: {deterministic}")
+    if "temperature" in explicit and args.temperature != 0:
+        raise FlagError("temperature", f"{args.temperature} with --beam {args.beam}", f"0 or no --temperature: {deterministic}")
+    if "num_samples" in explicit and args.num_samples != 1:
+        raise FlagError("num_samples", f"{args.num_samples} with --beam {args.beam}", f"1: {deterministic}, so every sample would be the same")
+    for name, given in (("draft_dir", args.draft_dir is not None), ("speculate", speculate_given(args, explicit))):
+        if given:
+            raise FlagError(
+                name, f"{getattr(args, name)!r} with --beam {args.beam}",
+                "one of --beam and --draft-dir: beam search and speculative decoding are two different ways to generate",
+            )  # fmt: skip
+    if not (math.isfinite(args.length_penalty) and args.length_penalty >= 0):
+        raise FlagError("length_penalty", args.length_penalty, "a finite number >= 0")
+    if args.length_penalty != 0 and args.stop is None:
+        raise FlagError(
+            "length_penalty", f"{args.length_penalty} without --stop",
+            "--stop TEXT as well: without an end token every hypothesis has --max-new-tokens tokens, and the "
+            "penalty, which divides by the length, cannot change which is best",
+        )  # fmt: skip
+    if args.stop == "":
+        raise FlagError("stop", "''", "the text of one token (e.g. a newline)")
+
+
+def speculate_given(args, explicit):
+    """Whether --speculate was given (on the command line, or, without `explicit`, a value other than its default)."""
+    return "speculate" in explicit or args.speculate != DEFAULT_SPECULATE
+
+
+def check_speculative_args(args, explicit):
+    """--speculate K >= 1, and only with --draft-dir (the model that proposes the tokens)."""
+    if args.speculate < 1:
+        raise FlagError("speculate", args.speculate, "an integer >= 1 (the tokens the draft proposes per round)")
+    if speculate_given(args, explicit) and args.draft_dir is None:
+        raise FlagError("speculate", f"{args.speculate} without --draft-dir", "--draft-dir DIR as well: the draft model proposes the tokens")
+    if args.draft_dir == "":
+        raise FlagError("draft_dir", "''", "the folder of the draft model's checkpoint")
 
 
 def main(argv=None):
     """The program: returns its exit code (0; 1 for an error; 130 or 143 after Ctrl-C or SIGTERM;
     argparse exits with 2 for a flag it cannot parse)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    explicit = explicit_flags(parser, argv)
 
     def stop_at_once(signum, frame):
         raise Interrupted(signum)
 
     try:
         with signals_handled_by(stop_at_once):
-            check_args(args)
+            check_args(args, explicit)
             microtensor.fast.process.tune_for_training()
             with mt.using_kernels(args.kernels):
                 return generate_samples(args)
@@ -98,42 +178,152 @@ def _silence_stdout():
         pass
 
 
-def generate_samples(args):
-    model_state, _, meta = checkpoint.load(args.out_dir)  # CheckpointError: names the file and what is wrong
-    tokenizer = CharTokenizer(meta["vocab"])
+def load_model(out_dir, merge_lora=False):
+    """(model, tokenizer) of the checkpoint in out_dir: a model trained by train.py, or a base with
+    the LoRA adapters of a fine-tuning (merged into its weights with merge_lora); CheckpointError
+    names the file and what is wrong."""
+    model, tokenizer, _ = checkpoint.load_model(out_dir, merge=merge_lora)
+    return model, tokenizer
+
+
+def encode(tokenizer, text, name):
+    """The ids of the text of flag `name`, or a FlagError saying what the tokenizer cannot encode."""
     try:
-        prompt = tokenizer.encode(args.prompt)
-    except DataError as error:
-        raise FlagError("prompt", repr(args.prompt), f"characters of the model's vocabulary ({error})") from None
-    # The checkpoint's dtype (float64 after `models.convert --dtype float64`) is the model's.
-    model = GPT(GPTConfig(**meta["config"]), dtype=getattr(mt, str(next(iter(model_state.values())).dtype)))
-    model.load_state_dict(model_state)  # checkpoint.load checked every name and shape
+        return tokenizer.encode(text)
+    except (DataError, InputError) as error:  # a character outside the vocabulary; BPE: a lone surrogate
+        expected = "characters of the model's vocabulary" if isinstance(tokenizer, CharTokenizer) else "text the model's tokenizer can encode"
+        raise FlagError(name, repr(text), f"{expected} ({error})") from None
+
+
+def generate_samples(args):
+    model, tokenizer = load_model(args.out_dir, args.merge_lora)
+    if args.quantize is not None:
+        float_bytes = weight_bytes(model)["total"]
+        quantize_model(model, bits=8 if args.quantize == "int8" else 4)
+        console.print(f"[dim]weights quantized to {args.quantize}: {weight_bytes(model)['total']:,} bytes, from {float_bytes:,}[/]")
+    prompt = encode(tokenizer, args.prompt, "prompt")
+    if args.beam is not None:
+        return beam_search_sample(args, model, tokenizer, prompt)
+    draft = load_draft(args.draft_dir, tokenizer) if args.draft_dir is not None else None
+    stats = SpeculativeStats()
     generated, seconds = 0, 0.0
     for sample in range(args.num_samples):
         console.rule(f"sample {sample + 1}")
         sys.stdout.write(args.prompt)
         start = time.perf_counter()
-        tokens = model.generate_tokens(
-            np.array([prompt]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            use_kv_cache=not args.no_kv_cache, seed=args.seed + sample,
-        )  # fmt: skip
-        try:
-            for token, _ in tokens:
-                sys.stdout.write(tokenizer.decode(token))
-                sys.stdout.flush()
-                generated += 1
-        except BaseException:  # Ctrl-C, a model's error: end the sample's line before the message
-            with contextlib.suppress(OSError):
-                sys.stdout.write("\n")
-            raise
+        if draft is None:
+            steps = model.generate_tokens(
+                np.array([prompt]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                use_kv_cache=not args.no_kv_cache, seed=args.seed + sample,
+            )  # fmt: skip
+            tokens = (int(token[0]) for token, _ in steps)
+        else:
+            tokens = speculative_tokens(
+                model, draft, prompt, args.max_new_tokens, args.speculate, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed + sample, stats=stats, use_kv_cache=not args.no_kv_cache,
+            )  # fmt: skip
+        generated += write_tokens(tokenizer, tokens)
         seconds += time.perf_counter() - start
         sys.stdout.write("\n")
     mode = "without" if args.no_kv_cache else "with"
+    how = f"{mode} the KV cache, {args.kernels} kernels"
+    if draft is not None:
+        accepted = (
+            f"{stats.accepted} of {stats.proposed} accepted, acceptance rate {stats.acceptance_rate:.0%}, "
+            f"{stats.tokens_per_round:.2f} tokens per forward of the model"
+            if stats.proposed else "nothing proposed"
+        )  # fmt: skip
+        how = f"speculative decoding with the draft {args.draft_dir}, {args.speculate} proposals per round: {accepted}; {how}"
+    console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({escape(how)})[/]")
+    return 0
+
+
+def write_tokens(tokenizer, tokens):
+    """Write the text of token ids as they come; returns how many were written."""
+    # A BPE token may end inside a character: the stream decoder holds such bytes back until the
+    # character is whole (a character tokenizer's tokens are whole characters).
+    stream = tokenizer.stream_decoder() if hasattr(tokenizer, "stream_decoder") else None
+    written = 0
+    try:
+        for token in tokens:
+            sys.stdout.write(stream.decode([token]) if stream else tokenizer.decode([token]))
+            sys.stdout.flush()
+            written += 1
+        if stream:
+            sys.stdout.write(stream.flush())
+    except BaseException:  # Ctrl-C, a model's error: end the sample's line before the message
+        with contextlib.suppress(OSError):
+            sys.stdout.write("\n")
+        raise
+    return written
+
+
+def load_draft(draft_dir, tokenizer):
+    """The draft model of --draft-dir, refused unless it was trained with the same tokenizer: its
+    token ids must mean the same text as the target's, or its proposals would be other tokens."""
+    try:
+        draft, draft_tokenizer = load_model(draft_dir)
+    except checkpoint.CheckpointError as error:
+        raise checkpoint.CheckpointError(f"--draft-dir: {error}") from None
+    difference = tokenizer_difference(tokenizer, draft_tokenizer)
+    if difference:
+        raise FlagError("draft_dir", repr(str(draft_dir)), f"a draft model trained with the target's tokenizer, but {difference}")
+    return draft
+
+
+def tokenizer_difference(target, draft):
+    """How the draft's tokenizer differs from the target's (None: the same ids for the same text):
+    a character tokenizer's characters, or a byte-level BPE's merges."""
+    def kind(tokenizer):
+        return "byte-level BPE" if isinstance(tokenizer, BytePairTokenizer) else "character"
+
+    if kind(target) != kind(draft):
+        return f"the draft's tokenizer is {kind(draft)}, the target's {kind(target)}"
+    if isinstance(target, BytePairTokenizer):
+        if target.to_dict() != draft.to_dict():
+            return f"the draft's BPE merges ({draft.vocab_size} tokens) are not the target's ({target.vocab_size} tokens)"
+        return None
+    if target.chars != draft.chars:
+        return f"the draft's vocabulary {draft.chars!r:.80} is not the target's {target.chars!r:.80}"
+    return None
+
+
+def beam_search_sample(args, model, tokenizer, prompt):
+    """Beam search's best continuation, its log-probability and greedy decoding's for comparison."""
+    stop = None
+    if args.stop is not None:
+        ids = encode(tokenizer, args.stop, "stop")
+        if len(ids) != 1:
+            raise FlagError("stop", repr(args.stop), f"the text of one token; the tokenizer makes {len(ids)} tokens of it")
+        stop = int(ids[0])
+    console.rule(f"beam search, {args.beam} beams")
+    start = time.perf_counter()
+    result = beam_search(
+        model, prompt, args.beam, args.max_new_tokens, length_penalty=args.length_penalty, stop_token=stop,
+        use_kv_cache=not args.no_kv_cache,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    sys.stdout.write(args.prompt + tokenizer.decode(result.tokens) + "\n")
+    greedy_logprob, greedy_length = greedy_log_probability(model, prompt, args, stop)
+    scored = f" (score {result.score:.3f} with length penalty {args.length_penalty})" if args.length_penalty else ""
     console.print(
-        f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s "
-        f"({mode} the KV cache, {args.kernels} kernels)[/]"
+        f"[dim]beam search: log-probability {result.logprob:.3f} of its {len(result.tokens)} tokens{scored}; "
+        f"greedy: {greedy_logprob:.3f} of {greedy_length} tokens; beam - greedy = {result.logprob - greedy_logprob:+.3f} "
+        f"({seconds:.2f} s for the beam search, {'without' if args.no_kv_cache else 'with'} the KV cache, {args.kernels} kernels)[/]"
     )
     return 0
+
+
+def greedy_log_probability(model, prompt, args, stop):
+    """(summed log-probability, tokens) of greedy decoding from the prompt, ending at the stop token."""
+    total, length = 0.0, 0
+    steps = model.generate_tokens(np.array([prompt]), args.max_new_tokens, temperature=0, use_kv_cache=not args.no_kv_cache)
+    for token, logits in steps:
+        total += float(log_softmax(logits[0])[token[0]])
+        length += 1
+        if token[0] == stop:
+            break
+    return total, length
 
 
 if __name__ == "__main__":

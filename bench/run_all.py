@@ -32,6 +32,17 @@ BENCHMARKS = [  # (JSON name, script, extra arguments)
     ("convergence", "bench_convergence.py", []),
 ]
 
+# The techniques of docs/: each script writes its tables as markdown into its JSON ("markdown").
+TECHNIQUES = [  # (JSON name, script, title, the docs page that explains it)
+    ("attention", "bench_attention.py", "Online-softmax attention against the standard kernel", "docs/online-attention.md"),
+    ("variants", "bench_variants.py", "GQA, positions, experts and tokenizers, trained", "docs/positions.md"),
+    ("decode_variants", "bench_decode_variants.py", "Generation's one-token kernel for each variant", "docs/grouped-query-attention.md"),
+    ("tokenizer", "bench_tokenizer.py", "Training and running the BPE tokenizer", "docs/bpe.md"),
+    ("decoding", "bench_decoding.py", "Beam search and speculative decoding", "docs/speculative-decoding.md"),
+    ("quantize", "bench_quantize.py", "int8 and int4 weights", "docs/quantization.md"),
+    ("lora", "bench_lora.py", "LoRA fine-tuning", "docs/lora.md"),
+]
+
 HEADER = """\
 # Benchmarks
 
@@ -279,6 +290,12 @@ def report(out):
         if lines:
             sections.append(f"{title}\n")
             sections.append("\n".join(lines) + "\n")
+    for name, script, title, page in TECHNIQUES:
+        data = load(out, name)
+        if data and data.get("markdown"):
+            sections.append(f"## {title}\n")
+            sections.append(f"From `python bench/{script}` ({page} explains it).\n")
+            sections.append(data["markdown"].rstrip() + "\n")
     return "\n".join(sections)
 
 
@@ -287,12 +304,13 @@ def main():
     p.add_argument("--out", default=str(HERE / "results"), help="folder for the JSON files")
     p.add_argument("--readme", default=str(HERE / "README.md"), help="where to write the report")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from existing JSON files")
-    p.add_argument("--skip", nargs="*", default=[], help=f"benchmarks to leave out ({', '.join(name for name, _, _ in BENCHMARKS)})")
+    names = [name for name, _, _ in BENCHMARKS] + [name for name, _, _, _ in TECHNIQUES]
+    p.add_argument("--skip", nargs="*", default=[], help=f"benchmarks to leave out ({', '.join(names)})")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        for name, script, extra in BENCHMARKS:
+        for name, script, extra in BENCHMARKS + [(name, script, []) for name, script, _, _ in TECHNIQUES]:
             if name not in args.skip:
                 run(script, out / f"{name}.json", extra)
         if "train" not in args.skip and any(name in os.environ for name in SLOWING_VARIABLES):

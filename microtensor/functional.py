@@ -16,5 +16,8 @@ from .ops.gelu import gelu
 from .ops.silu import silu, swiglu
 from .ops.embedding import embedding
 from .ops.dropout import dropout
-from .ops.attention import multi_head_attention, scaled_dot_product_attention
+from .ops.attention import alibi_slopes, multi_head_attention, scaled_dot_product_attention
+from .ops.online_attention import multi_head_online_attention, online_attention
 from .ops.rope import rope
+from .ops.lora import lora_linear
+from .ops.moe import gather_rows, scatter_add_rows, top_k_experts, top_k_gates

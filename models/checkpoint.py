@@ -2,7 +2,8 @@
 
     model/<parameter name>   each parameter's values
     optim/<key>              the optimizer's state_dict()
-    meta                     JSON: format and format_version, iteration, model config, vocabulary,
+    meta                     JSON: format and format_version, iteration, model config, vocabulary
+                             (a character tokenizer's "vocab", or a byte-level BPE's "tokenizer"),
                              training arguments, best val loss, and the random generators' states
 
 Saving never loses the checkpoint that is already there
@@ -25,8 +26,25 @@ dtype) and finite. A truncated or corrupted file (a short zip, a bad CRC, bytes 
 is a CheckpointError naming the file. Checkpoints written before `format_version` existed have the
 same layout and are read as version 1; a version newer than FORMAT_VERSION is refused rather than
 guessed at.
+
+Adapter checkpoints
+-------------------
+A run of `train.py --init-from BASE --lora-rank r` trains LoRA adapters on a frozen base model
+(models/lora.py), and its checkpoint holds the adapters alone (`model/...lora_a`, `model/...lora_b`)
+and the optimizer's state for them. Its meta names the base it needs:
+
+    "lora": {"base": the base checkpoint's folder, "base_sha256": the sha256 of its ckpt.npz,
+             "rank": r, "alpha": α, "targets": ["c_attn", "c_proj"]}
+
+and keeps the base's config and tokenizer, so that `load` checks the adapters' names and shapes
+without the base. `load_model(out_dir)` gives a model to generate from, whatever the checkpoint
+holds: a full model, or the base with the adapters added (`merge=True`: folded into the weights).
+The base is found by its folder and recognized by its hash: a base that is gone, or that changed
+since the adapters were trained on it (trained further, say), is a CheckpointError that says so,
+because adapters fit only the weights they were trained on.
 """
 import contextlib
+import hashlib
 import json
 import os
 import struct
@@ -38,9 +56,12 @@ from pathlib import Path
 import numpy as np
 
 import microtensor as mt
-from microtensor.errors import MicrotensorError
+from microtensor.errors import InputError, InputTypeError, MicrotensorError
 
+from .bpe import BytePairTokenizer
+from .data import CharTokenizer
 from .gpt import GPT, GPTConfig
+from .lora import add_lora, generator_left_alone, load_lora_state_dict, lora_state_dict, merge_lora
 
 FILENAME = "ckpt.npz"
 FORMAT = "microtensor-checkpoint"
@@ -78,11 +99,14 @@ def path_in(out_dir):
 # ================================================================================= saving
 
 
-def save(out_dir, model, optimizer, meta):
+def save(out_dir, model, optimizer, meta, parameters=None):
     """Write model, optimizer and meta to out_dir/ckpt.npz atomically (see the module docstring);
-    returns its path. Raises CheckpointSaveError if the disk refuses, leaving the file as it was."""
+    returns its path. Raises CheckpointSaveError if the disk refuses, leaving the file as it was.
+    parameters: the arrays to save under model/ (an adapter checkpoint passes lora_state_dict(model));
+    by default model.state_dict(), every parameter."""
     path = path_in(out_dir)
-    arrays = {f"model/{name}": value for name, value in model.state_dict().items()}
+    parameters = model.state_dict() if parameters is None else parameters
+    arrays = {f"model/{name}": value for name, value in parameters.items()}
     arrays.update({f"optim/{key}": np.asarray(value) for key, value in optimizer.state_dict().items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **meta}))
     try:
@@ -175,7 +199,8 @@ def _is_running(pid):
 
 def load(out_dir):
     """(model state, optimizer state, meta) from out_dir's checkpoint, every part checked (see the
-    module docstring). `GPTConfig(**meta["config"])` builds the model the state fits."""
+    module docstring). `GPTConfig(**meta["config"])` builds the model the state fits; for an adapter
+    checkpoint (meta["lora"]), the state holds the adapters alone, and `load_model` adds its base."""
     path = path_in(out_dir)
     if not path.exists():
         if Path(out_dir).is_file():
@@ -189,7 +214,10 @@ def load(out_dir):
     stray = [k for k in arrays if not k.startswith(("model/", "optim/"))]
     if stray:
         raise CheckpointError(f"{path} holds entries a checkpoint does not have: {', '.join(stray)}")
-    _check_model_state(path, model_state, config)
+    if "lora" in meta:
+        _check_model_state(path, model_state, config, lora=_check_lora_meta(path, meta["lora"]))
+    else:
+        _check_model_state(path, model_state, config)
     return model_state, optim_state, meta
 
 
@@ -264,7 +292,9 @@ def _check_meta(path, meta):
         )
     if meta.get("format", FORMAT) != FORMAT:
         raise CheckpointError(f"{path}: its meta says format {meta['format']!r}, expected {FORMAT!r}")
-    missing = [key for key in ("iteration", "config", "vocab") if key not in meta]
+    missing = [key for key in ("iteration", "config") if key not in meta]
+    if "vocab" not in meta and "tokenizer" not in meta:
+        missing.append("vocab (or tokenizer)")
     if missing:
         raise CheckpointError(f"{path}: its meta lacks {', '.join(missing)}")
     iteration = meta["iteration"]
@@ -274,26 +304,56 @@ def _check_meta(path, meta):
         config = GPTConfig(**meta["config"])
     except (TypeError, ValueError) as error:  # unknown or missing fields, or values GPTConfig refuses
         raise CheckpointError(f"{path}: its config is not a valid GPTConfig: {error}") from None
+    tokenizer_of(meta, path, config)  # raises CheckpointError when it does not fit
+    return config
+
+
+def tokenizer_meta(tokenizer):
+    """What a checkpoint's meta stores of a tokenizer: a character tokenizer's characters under
+    "vocab" (as every checkpoint so far), a byte-level BPE's merges under "tokenizer"."""
+    if isinstance(tokenizer, BytePairTokenizer):
+        return {"tokenizer": tokenizer.to_dict()}
+    return {"vocab": tokenizer.chars}
+
+
+def tokenizer_of(meta, path, config):
+    """The tokenizer a checkpoint's meta describes, checked against its config's vocab_size."""
+    if "tokenizer" in meta:
+        try:
+            tokenizer = BytePairTokenizer.from_dict(meta["tokenizer"])
+        except (InputError, InputTypeError) as error:
+            raise CheckpointError(f"{path}: its tokenizer cannot be read: {error}") from None
+        if tokenizer.vocab_size != config.vocab_size:
+            raise CheckpointError(
+                f"{path}: its tokenizer has {tokenizer.vocab_size} tokens, but the config's vocab_size is {config.vocab_size}"
+            )
+        return tokenizer
     vocab = meta["vocab"]
     if not isinstance(vocab, str) or len(vocab) != config.vocab_size or len(set(vocab)) != len(vocab):
         raise CheckpointError(
             f"{path}: its vocab must be a string of vocab_size = {config.vocab_size} different characters, got {vocab!r:.80}"
         )
-    return config
+    return CharTokenizer(vocab)
 
 
-def _check_model_state(path, state, config):
-    """The parameters must be exactly those of GPT(config) in one float dtype, and finite."""
+def _check_model_state(path, state, config, lora=None):
+    """The parameters must be exactly those of GPT(config) in one float dtype, and finite; with
+    `lora` (an adapter checkpoint's settings), exactly the adapters that add_lora gives it."""
     dtypes = sorted({str(a.dtype) for a in state.values()})
     if dtypes not in (["float32"], ["float64"]):
         raise CheckpointError(f"{path}: expected every parameter in float32 or every one in float64, got {dtypes}")
     # The shapes come from a model built for the config; building one draws its initial weights, so
     # the global generator is put back as it was.
-    rng_state = mt.random.get_state()
-    try:
-        expected = {name: p.shape for name, p in GPT(config, dtype=getattr(mt, dtypes[0])).named_parameters()}
-    finally:
-        mt.random.set_state(rng_state)
+    with generator_left_alone():
+        model = GPT(config, dtype=getattr(mt, dtypes[0]))
+        if lora is None:
+            expected = {name: p.shape for name, p in model.named_parameters()}
+        else:
+            try:
+                add_lora(model, lora["rank"], lora["alpha"], lora["targets"])
+            except (InputError, InputTypeError) as error:
+                raise CheckpointError(f"{path}: its LoRA settings do not fit its own config: {error}") from None
+            expected = {name: array.shape for name, array in lora_state_dict(model).items()}
     problems = []
     missing = [name for name in expected if name not in state]
     unexpected = [name for name in state if name not in expected]
@@ -310,3 +370,119 @@ def _check_model_state(path, state, config):
             problems.append(f"non-finite values (inf or nan) in {', '.join(bad)}")
     if problems:
         raise CheckpointError(f"{path} does not fit its own config {config}:\n  " + "\n  ".join(problems))
+
+
+# ================================================================================= adapters
+
+
+def file_sha256(path):
+    """The sha256 of a file's bytes (hex), read in blocks: how an adapter checkpoint recognizes its base."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def lora_meta(base_dir, rank, alpha, targets):
+    """The "lora" record of an adapter checkpoint's meta: its base's folder (made absolute, so that
+    the record holds wherever the program runs from) and hash, and the adapters' settings."""
+    base = Path(base_dir).resolve()
+    return {"base": str(base), "base_sha256": file_sha256(path_in(base)), "rank": rank, "alpha": alpha, "targets": list(targets)}
+
+
+def _check_lora_meta(path, lora):
+    """An adapter checkpoint's "lora" record, checked field by field; returned as it is."""
+    if not isinstance(lora, dict):
+        raise CheckpointError(f"{path}: its meta's lora entry is a JSON {type(lora).__name__}, expected an object")
+    missing = [key for key in ("base", "base_sha256", "rank", "alpha", "targets") if key not in lora]
+    if missing:
+        raise CheckpointError(f"{path}: its meta's lora entry lacks {', '.join(missing)}")
+    problems = []
+    if not isinstance(lora["base"], str) or not lora["base"]:
+        problems.append(f"base is {lora['base']!r}, expected the base checkpoint's folder")
+    sha = lora["base_sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        problems.append(f"base_sha256 is {sha!r:.80}, expected 64 hex digits")
+    if type(lora["rank"]) is not int or lora["rank"] < 1:
+        problems.append(f"rank is {lora['rank']!r}, expected an integer >= 1")
+    alpha = lora["alpha"]
+    if type(alpha) not in (int, float) or not (np.isfinite(alpha) and alpha > 0):
+        problems.append(f"alpha is {alpha!r}, expected a finite number > 0")
+    targets = lora["targets"]
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
+        problems.append(f"targets is {targets!r:.80}, expected a list of Linear layers' names")
+    if problems:
+        raise CheckpointError(f"{path}: its meta's lora entry does not fit: " + "; ".join(problems))
+    return lora
+
+
+def load_base(out_dir, meta):
+    """(model state, meta) of the base checkpoint that the adapter checkpoint in out_dir (whose meta
+    is `meta`) was trained on: found by the folder the meta names, and refused unless its file is
+    the one the adapters were trained on (the same sha256), a full model, of the same config and
+    tokenizer. Each refusal is a CheckpointError that names both files."""
+    path, lora = path_in(out_dir), meta["lora"]
+    base_dir = Path(lora["base"])
+    base_path = path_in(base_dir)
+    if not base_path.is_file():
+        raise CheckpointError(
+            f"{path} holds LoRA adapters for the base checkpoint {base_path}, which is missing: the adapters "
+            "need the weights they were trained on; put the base back there"
+        )
+    try:
+        sha = file_sha256(base_path)
+    except OSError as error:
+        raise CheckpointError(f"the base checkpoint {base_path} of {path} cannot be read: {error.strerror or error}") from None
+    if sha != lora["base_sha256"]:
+        raise CheckpointError(
+            f"{path} holds LoRA adapters trained on {base_path}, which has changed since (its sha256 is "
+            f"{sha[:12]}..., the adapters were trained on {lora['base_sha256'][:12]}...): adapters fit only the "
+            "weights they were trained on; restore that base, or fine-tune again from this one"
+        )
+    try:
+        base_state, _, base_meta = load(base_dir)
+    except CheckpointError as error:
+        raise CheckpointError(f"the base checkpoint of {path}: {error}") from None
+    if "lora" in base_meta:
+        raise CheckpointError(f"the base checkpoint {base_path} of {path} holds adapters itself, not a full model")
+    if base_meta["config"] != meta["config"]:
+        raise CheckpointError(f"{path}: its config {meta['config']} is not its base's ({base_path}): {base_meta['config']}")
+    if tokenizer_meta(tokenizer_of(base_meta, base_path, GPTConfig(**base_meta["config"]))) != tokenizer_meta(
+        tokenizer_of(meta, path, GPTConfig(**meta["config"]))
+    ):
+        raise CheckpointError(f"{path}: its tokenizer is not its base's ({base_path})")
+    return base_state, base_meta
+
+
+def load_model(out_dir, merge=False):
+    """(model, tokenizer, meta) from the checkpoint in out_dir, ready to generate with:
+
+        a full model's checkpoint   -> that GPT
+        an adapter checkpoint       -> its base GPT with the adapters added (LoRALinear layers), or,
+                                       with merge=True, a plain GPT with them folded into its weights
+
+    meta is out_dir's own (an adapter checkpoint's names its base under meta["lora"]). Every check of
+    `load` applies, and for adapters those of `load_base`. The global random generator is left as
+    it was (building the model draws initial weights, which the checkpoint's then replace)."""
+    model_state, _, meta = load(out_dir)
+    path = path_in(out_dir)
+    config = GPTConfig(**meta["config"])
+    tokenizer = tokenizer_of(meta, path, config)
+    dtype = getattr(mt, str(next(iter(model_state.values())).dtype))
+    if "lora" not in meta:
+        with generator_left_alone():
+            model = GPT(config, dtype=dtype)
+        model.load_state_dict(model_state)  # load checked every name and shape
+        return model, tokenizer, meta
+    base_state, _ = load_base(out_dir, meta)
+    base_dtype = str(next(iter(base_state.values())).dtype)
+    if base_dtype != str(dtype):
+        raise CheckpointError(f"{path}: its adapters are {dtype}, its base's weights {base_dtype}; expected one dtype")
+    lora = meta["lora"]
+    with generator_left_alone():
+        model = GPT(config, dtype=dtype)
+        model.load_state_dict(base_state)
+        add_lora(model, lora["rank"], lora["alpha"], lora["targets"])  # load checked that they fit the config
+    load_lora_state_dict(model, model_state)
+    return (merge_lora(model) if merge else model), tokenizer, meta

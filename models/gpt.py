@@ -4,13 +4,22 @@
     Block:  x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))          (pre-norm, residual stream)
 
 Every gradient flows through ops whose backward is hand-written and gradient-checked: there is no
-numpy math in the forward pass. Options (`GPTConfig`): LayerNorm or RMSNorm, a GELU or SwiGLU MLP,
-learned or rotary positions, biases, and tied input/output embeddings (logits = x @ wteᵀ, so
-`lm_head.weight` exists only when untied).
+numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
+- norm: LayerNorm or RMSNorm; mlp: GELU, SwiGLU, or a mixture of experts ("moe": n_expert GELU
+  MLPs, each token routed to expert_top_k of them, with a load-balancing loss, models/moe.py);
+- pos: learned positions (a table of block_size rows), rotary ("rope", applied to q and k),
+  sinusoidal (a fixed sin/cos table added to the embeddings) or ALiBi (a per-head penalty on the
+  scores that grows with distance, no table at all); all but learned can run past block_size;
+- n_kv_head: key/value heads shared by groups of query heads (1 is multi-query attention);
+- attention: the standard kernel, which keeps the (T, T) probabilities for backward, or "online",
+  FlashAttention's tiles with a running max and sum, which keeps only one number per row;
+- biases, and tied input/output embeddings (logits = x @ wteᵀ, so `lm_head.weight` exists only
+  when untied).
+The options combine freely.
 
 Generation (`generate`, `generate_tokens`) runs without gradients and, by default, with a KV cache:
-each layer keeps its keys and values in arrays (B, H, block_size, D) with a write position, so a new
-token costs one token's work. The prompt (many tokens at once) goes through the modules above, which
+each layer keeps its keys and values in arrays (B, Hk, block_size, D) with a write position (Hk =
+n_kv_head), so a new token costs one token's work. The prompt (many tokens at once) goes through the modules above, which
 fill the caches, and so does every later token under the readable kernel set. Under the fast set
 (`mt.set_kernels("fast")`, the default), a one-token step is instead one kernel call for the whole
 model (`microtensor/fast/decode.py`): the same logits, the same cache arrays written. The context
@@ -32,6 +41,7 @@ import microtensor as mt
 import microtensor.functional as F
 from microtensor import nn
 from microtensor.errors import InputError, InputTypeError
+from microtensor.ops.positions import sinusoidal_embedding
 
 SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
 
@@ -46,14 +56,20 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     norm: str = "layernorm"  # or "rmsnorm"
-    mlp: str = "gelu"  # or "swiglu"
-    pos: str = "learned"  # or "rope"
+    mlp: str = "gelu"  # or "swiglu", or "moe" (a mixture of n_expert GELU MLPs, expert_top_k per token)
+    pos: str = "learned"  # or "rope", "sinusoidal", "alibi"
     tie_weights: bool = True
+    n_kv_head: int | None = None  # key/value heads: None or n_head is multi-head, 1 multi-query, else grouped
+    attention: str = "standard"  # or "online": the FlashAttention-style kernel that never stores (T, T)
+    n_expert: int = 4  # experts of the "moe" MLP
+    expert_top_k: int = 2  # experts each token is routed to
 
     def __post_init__(self):
         """Check every field, types first (a float size or a string flag is refused, not rounded or
         read as true); numpy integers become Python ints, so that `to_dict()` is plain JSON."""
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head if _is_int(self.n_head) else None
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k"):
             value = getattr(self, name)
             if not _is_int(value):
                 raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
@@ -62,7 +78,22 @@ class GPTConfig:
             setattr(self, name, int(value))
         if self.n_embd % self.n_head:
             raise InputError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        choices = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "pos": ("learned", "rope")}
+        if self.n_head % self.n_kv_head:
+            raise InputError(
+                f"GPTConfig: n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value head "
+                "serves a group of n_head / n_kv_head query heads"
+            )
+        if self.expert_top_k > self.n_expert:
+            raise InputError(
+                f"GPTConfig: expert_top_k ({self.expert_top_k}) must be at most n_expert ({self.n_expert}): "
+                "a token cannot be routed to more experts than there are"
+            )
+        choices = {
+            "norm": ("layernorm", "rmsnorm"),
+            "mlp": ("gelu", "swiglu", "moe"),
+            "pos": POSITION_SCHEMES,
+            "attention": ("standard", "online"),
+        }
         for name, allowed in choices.items():
             value = getattr(self, name)
             if not isinstance(value, str):
@@ -71,6 +102,8 @@ class GPTConfig:
                 raise InputError(f"GPTConfig: {name} must be one of {allowed}, got {value!r}")
         if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
             raise InputError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
+        if self.pos == "sinusoidal" and self.n_embd % 2:
+            raise InputError(f"GPTConfig: sinusoidal positions pair a sine and a cosine, so n_embd must be even, got {self.n_embd}")
         for name in ("bias", "tie_weights"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
@@ -84,6 +117,9 @@ class GPTConfig:
 
     def to_dict(self):
         return asdict(self)
+
+
+POSITION_SCHEMES = ("learned", "rope", "sinusoidal", "alibi")
 
 
 def _is_int(value):
@@ -101,16 +137,16 @@ def _norm(config, dtype):
 
 
 class KVCache:
-    """One layer's keys and values for generation: (B, H, block_size, D) arrays and a write position.
-    GPT.new_caches makes them views of two arrays (n_layer, B, H, block_size, D), which the fast set's
-    decode kernel takes whole."""
+    """One layer's keys and values for generation: (B, Hk, block_size, D) arrays and a write position,
+    Hk = n_kv_head (grouped-query attention stores only the shared heads). GPT.new_caches makes them
+    views of two arrays (n_layer, B, Hk, block_size, D), which the fast set's decode kernel takes whole."""
 
     def __init__(self, k, v):
-        self.k, self.v = k, v  # each (B, H, block_size, D)
+        self.k, self.v = k, v  # each (B, Hk, block_size, D)
         self.length = 0  # how many positions hold keys and values
 
     def append(self, k, v):
-        """Write the new keys and values (B, H, T, D); return all of them so far as tensors."""
+        """Write the new keys and values (B, Hk, T, D); return all of them so far as tensors."""
         T = k.shape[2]
         if self.length + T > self.k.shape[2]:
             raise InputError(
@@ -123,26 +159,40 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
+    """n_head query heads over n_kv_head key/value heads (grouped-query attention: each key/value head
+    serves n_head / n_kv_head query heads; multi-head when they are equal). One Linear layer makes the
+    queries, keys and values side by side: qkv (B, T, (H + 2 Hk) D)."""
+
     def __init__(self, config, dtype):
         super().__init__()
-        self.n_head, self.pos = config.n_head, config.pos
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias, dtype=dtype)
+        self.n_head, self.n_kv_head, self.pos = config.n_head, config.n_kv_head, config.pos
+        head_size = config.n_embd // config.n_head
+        width = (config.n_head + 2 * config.n_kv_head) * head_size
+        self.c_attn = nn.Linear(config.n_embd, width, bias=config.bias, dtype=dtype)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias, dtype=dtype)
         self.resid_dropout = nn.Dropout(config.dropout)
+        # ALiBi's per-head slopes: a constant, not a parameter (None: no bias on the scores)
+        self.alibi_slopes = F.alibi_slopes(config.n_head).astype(dtype) if config.pos == "alibi" else None
+        if config.attention == "online":
+            self.attend, self.attend_packed = F.online_attention, F.multi_head_online_attention
+        else:
+            self.attend, self.attend_packed = F.scaled_dot_product_attention, F.multi_head_attention
 
     def forward(self, x, cache=None, offset=0):
         B, T, C = x.shape
-        H = self.n_head
-        if cache is None and self.pos == "learned":
+        H, Hk = self.n_head, self.n_kv_head
+        qkv = self.c_attn(x)  # (B, T, (H + 2 Hk) D)
+        if cache is None and self.pos != "rope":
             # training: split into heads, attend, merge, all in one op (equal to the steps below)
-            return self.resid_dropout(self.c_proj(F.multi_head_attention(self.c_attn(x), H)))
-        qkv = self.c_attn(x).reshape(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
-        q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, H, T, D)
+            y = self.attend_packed(qkv, H, n_kv_head=Hk, alibi_slopes=self.alibi_slopes)  # (B, T, C)
+            return self.resid_dropout(self.c_proj(y))
+        heads = qkv.reshape(B, T, H + 2 * Hk, C // H).permute(0, 2, 1, 3)  # (B, H + 2 Hk, T, D)
+        q, k, v = heads[:, :H], heads[:, H : H + Hk], heads[:, H + Hk :]  # (B, H, T, D), (B, Hk, T, D) twice
         if self.pos == "rope":
             q, k = F.rope(q, offset), F.rope(k, offset)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, offset + T, D): the queries are the last T positions
-        y = F.scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
+            k, v = cache.append(k, v)  # (B, Hk, offset + T, D): the queries are the last T positions
+        y = self.attend(q, k, v, causal=True, alibi_slopes=self.alibi_slopes)  # (B, H, T, D)
         y = y.permute(0, 2, 1, 3).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -176,7 +226,15 @@ class Block(nn.Module):
         self.ln_1 = _norm(config, dtype)
         self.attn = CausalSelfAttention(config, dtype)
         self.ln_2 = _norm(config, dtype)
-        self.mlp = MLP(config, dtype)
+        if config.mlp == "moe":
+            from models.moe import MixtureOfExperts
+
+            hidden = 4 * config.n_embd  # each expert is as wide as the dense GELU MLP
+            self.mlp = MixtureOfExperts(
+                config.n_embd, config.n_expert, config.expert_top_k, hidden, config.bias, dtype, dropout=config.dropout
+            )
+        else:
+            self.mlp = MLP(config, dtype)
 
     def forward(self, x, cache=None, offset=0):
         x = x + self.attn(self.ln_1(x), cache, offset)
@@ -227,23 +285,50 @@ class GPT(nn.Module):
         _check_ids("GPT", idx.data, self.config.vocab_size)
         if not _is_int(offset) or offset < 0:
             raise InputError(f"GPT: offset must be an int >= 0, got {offset!r}")
-        if offset + T > self.config.block_size:
-            raise InputError(f"GPT: a sequence of {offset + T} tokens is longer than block_size {self.config.block_size}")
+        if offset + T > self.config.block_size and (self.config.pos == "learned" or caches is not None):
+            # rope, sinusoidal and alibi compute positions on the fly, so a forward without caches may go
+            # past block_size (to measure how a model extrapolates); a learned table has no such rows
+            raise InputError(
+                f"GPT: a sequence of {offset + T} tokens is longer than block_size {self.config.block_size}"
+                + (" (the learned position table has block_size rows)" if self.config.pos == "learned" else "")
+            )
         if caches is not None:
             self._check_caches(caches, B, offset)
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
             x = x + self.transformer.wpe(mt.arange(offset, offset + T))
+        elif self.config.pos == "sinusoidal":
+            x = x + mt.tensor(sinusoidal_embedding(offset, T, self.config.n_embd, x.dtype))  # (T, C), a constant
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, None if caches is None else caches[layer], offset)
         x = self.transformer.ln_f(x)
         if self.config.tie_weights:
-            logits = x @ self.transformer.wte.weight.T  # (B, T, C) @ (C, V)
+            wte = self.transformer.wte
+            # a quantized table (models/quantize.py) computes x @ wteᵀ from its codes: there is no float weight
+            logits = x @ wte.weight.T if isinstance(wte, nn.Embedding) else wte.tied_head(x)  # (B, T, C) @ (C, V)
         else:
             logits = self.lm_head(x)
         loss = None if targets is None else F.cross_entropy(logits, targets)
         return logits, loss
+
+    def moe_aux_loss(self):
+        """The sum over blocks of the mixture-of-experts load-balancing loss of the last forward (a
+        Tensor; add it to the loss with a coefficient), or None when the MLPs are not experts."""
+        from models.moe import total_aux_loss
+
+        return total_aux_loss(self)
+
+    def tokens_per_expert(self):
+        """(n_layer, n_expert) ints: how many tokens each block routed to each expert in the last forward."""
+        if self.config.mlp != "moe":
+            raise InputError("GPT.tokens_per_expert: this model has no experts (mlp is not 'moe')")
+        return np.stack([block.mlp.tokens_per_expert for block in self.transformer.h])
+
+    def kv_cache_bytes_per_token(self):
+        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers."""
+        c = self.config
+        return 2 * c.n_layer * c.n_kv_head * (c.n_embd // c.n_head) * self.transformer.wte.weight.dtype.itemsize
 
     def _check_caches(self, caches, batch, offset):
         """The caches a forward appends to: one KVCache per layer, for this batch, holding exactly the
@@ -252,10 +337,10 @@ class GPT(nn.Module):
         c = self.config
         if not isinstance(caches, (list, tuple)) or len(caches) != c.n_layer or not all(isinstance(x, KVCache) for x in caches):
             raise InputTypeError(f"GPT: caches must be a list of {c.n_layer} KVCaches (from new_caches), got {caches!r:.80}")
-        shape = (batch, c.n_head, None, c.n_embd // c.n_head)
+        shape = (batch, c.n_kv_head, None, c.n_embd // c.n_head)
         for layer, cache in enumerate(caches):
             k_shape = cache.k.shape
-            if cache.k.ndim != 4 or (k_shape[0], k_shape[1], k_shape[3]) != (batch, c.n_head, c.n_embd // c.n_head) or cache.v.shape != k_shape:
+            if cache.k.ndim != 4 or (k_shape[0], k_shape[1], k_shape[3]) != (batch, c.n_kv_head, c.n_embd // c.n_head) or cache.v.shape != k_shape:
                 raise InputError(f"GPT: the cache of layer {layer} holds keys {k_shape} and values {cache.v.shape}, expected {shape}")
             if cache.length != offset:
                 raise InputError(
@@ -266,16 +351,16 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------ generation
 
     def new_cache_arrays(self, batch):
-        """Zeroed keys and values of every layer: two arrays (n_layer, B, H, block_size, D)."""
+        """Zeroed keys and values of every layer: two arrays (n_layer, B, Hk, block_size, D), Hk = n_kv_head."""
         if not _is_int(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
         dtype = self.transformer.wte.weight.dtype
-        keys = np.zeros((c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
+        keys = np.zeros((c.n_layer, batch, c.n_kv_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
         return keys, np.zeros_like(keys)
 
     def new_caches(self, batch, arrays=None):
-        """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, H, block_size, D),
+        """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, Hk, block_size, D),
         or over new zeroed ones."""
         keys, values = self.new_cache_arrays(batch) if arrays is None else arrays
         return [KVCache(k, v) for k, v in zip(keys, values)]
@@ -296,6 +381,11 @@ class GPT(nn.Module):
         if use_kv_cache:
             keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
         decode_weights = None  # the fast set's copy of the weights, gathered at its first one-token step
+        # The decode kernel reads each layer's float weight: quantized layers and unmerged LoRA adapters
+        # (models/quantize.py, models/lora.py) take the modules' path.
+        from models.lora import has_lora
+
+        fits_decode = getattr(self, "quantization", None) is None and not has_lora(self)
         was_training = self.training
         self.eval()
         try:
@@ -309,7 +399,7 @@ class GPT(nn.Module):
                         # the old window's entries need no clearing: attention reads positions < length only
                         caches, fed = self.new_caches(idx.shape[0], (keys, values)), 0
                     new_tokens = window[:, fed:] if use_kv_cache else window
-                    if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast":
+                    if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and decode_kernel_fits(self.config) and fits_decode:
                         # fast path: one kernel over every layer replaces this token's trip through the modules
                         from microtensor.fast import decode
 
@@ -349,6 +439,21 @@ class GPT(nn.Module):
         tokens = [t for t, _ in self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
         new = np.stack(tokens, axis=1) if tokens else np.zeros((prompt.shape[0], 0), dtype=np.int64)
         return mt.tensor(np.concatenate([prompt, new], axis=1))
+
+
+def decode_kernel_fits(config):
+    """Whether the fast set's one-token kernel (microtensor/fast/decode.py) covers this model; the
+    others take each token through the modules, with the same results. It covers every option of
+    GPTConfig today: any n_kv_head, every position scheme, both norms, every MLP (the mixture of
+    experts routes the one token as the module does), and both attention kernels (the same math).
+    The options are listed, not assumed, so that an option added later takes the module path until
+    the kernel learns it."""
+    return (
+        config.norm in ("layernorm", "rmsnorm")
+        and config.mlp in ("gelu", "swiglu", "moe")
+        and config.pos in ("learned", "rope", "sinusoidal", "alibi")
+        and config.attention in ("standard", "online")
+    )
 
 
 def window_start(length, start, block_size):

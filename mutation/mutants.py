@@ -153,15 +153,15 @@ MUTANTS = [
     ),
     Mutant(
         "attention.backward_dq_scale.readable", "microtensor/ops/attention.py",
-        "grad_q[b, h, i, d] += d_score * scale * k[b, h, j, d]",
-        "grad_q[b, h, i, d] += d_score * k[b, h, j, d]",
+        "grad_q[b, h, i, d] += d_score * scale * k[b, g, j, d]",
+        "grad_q[b, h, i, d] += d_score * k[b, g, j, d]",
         gradcheck_cases("readable", "Attention"),
         why="the 1/√D of S = q kᵀ / √D missing from dq",
     ),
     Mutant(
         "attention.backward_dk_scale.readable", "microtensor/ops/attention.py",
-        "grad_k[b, h, j, d] += d_score * scale * q[b, h, i, d]",
-        "grad_k[b, h, j, d] += d_score * q[b, h, i, d]",
+        "grad_k[b, g, j, d] += d_score * scale * q[b, h, i, d]",
+        "grad_k[b, g, j, d] += d_score * q[b, h, i, d]",
         gradcheck_cases("readable", "Attention"),
         why="the 1/√D of S = q kᵀ / √D missing from dk",
     ),
@@ -173,17 +173,35 @@ MUTANTS = [
     ),
     Mutant(
         "attention.backward_dv.readable", "microtensor/ops/attention.py",
-        "grad_v[b, h, j, d] += p * grad_out[b, h, i, d]",
-        "grad_v[b, h, j, d] += grad_out[b, h, i, d]",
+        "grad_v[b, g, j, d] += p * grad_out[b, h, i, d]",
+        "grad_v[b, g, j, d] += grad_out[b, h, i, d]",
         gradcheck_cases("readable", "Attention"),
         why="dv = Pᵀ dO without the P",
     ),
     Mutant(
         "attention.causal_mask.readable", "microtensor/ops/attention.py",
-        "last = Tk - Tq + i if causal else Tk - 1  # the last key query i may see",
-        "last = Tk - Tq + i - 1 if causal else Tk - 1  # the last key query i may see",
+        "last = position if causal else Tk - 1  # the last key query i may see",
+        "last = position - 1 if causal else Tk - 1  # the last key query i may see",
         "tests/test_attention.py",
         why="a query no longer sees its own key",
+    ),
+    Mutant(
+        "attention.grouped_backward_sum.readable", "microtensor/ops/attention.py",
+        "for h in range(g * group, (g + 1) * group):  # dK_g = sum_h dK^(h), dV_g = sum_h dV^(h)\n",
+        "for h in range(g * group, (g + 1) * group):  # dK_g = sum_h dK^(h), dV_g = sum_h dV^(h)\n"
+        "            grad_k[b, g, :, :] = 0\n"
+        "            grad_v[b, g, :, :] = 0\n",
+        gradcheck_cases("readable", "Attention"),
+        why="the sum over the group dropped: each query head's dK, dV overwrite the previous head's, so a "
+        "shared K/V head gets only its group's last head's gradient",
+    ),
+    Mutant(
+        "attention.alibi_sign.readable", "microtensor/ops/attention.py",
+        "s = dot * scale - slope * distance",
+        "s = dot * scale + slope * distance",
+        'tests/test_attention.py -k "alibi and readable"',
+        why="the ALiBi bias added instead of subtracted: far keys favoured over near ones (the gradients "
+        "stay consistent with the wrong forward, so only a reference can tell)",
     ),
     # ----------------------------------------------------------------------------- elementwise ops
     Mutant(
@@ -489,8 +507,8 @@ MUTANTS = [
     # ----------------------------------------------------------------------------- the model
     Mutant(
         "gpt.tied_head_detached", "models/gpt.py",
-        "logits = x @ self.transformer.wte.weight.T",
-        "logits = x @ self.transformer.wte.weight.detach().T",
+        "logits = x @ wte.weight.T if isinstance(wte, nn.Embedding)",
+        "logits = x @ wte.weight.detach().T if isinstance(wte, nn.Embedding)",
         'tests/test_gpt.py -k "test_every_parameter_gradient and learned-True"',
         jit=True,
         why="with tied weights the output layer's gradient never reaches wte",
@@ -675,6 +693,23 @@ MUTANTS = [
         why="each query also sees the next key",
     ),
     Mutant(
+        "attention.grouped_backward_sum.fast", "microtensor/fast/attention.py",
+        "add = n > kv * group  # dk_g = sum over the group's heads of dSᵀ q, dv_g likewise",
+        "add = False  # dk_g = sum over the group's heads of dSᵀ q, dv_g likewise",
+        gradcheck_cases("fast", "Attention"),
+        jit=True,
+        why="every head of a group writes dk_g and dv_g (BLAS's beta = 0) instead of adding to them: "
+        "the last head's gradient only",
+    ),
+    Mutant(
+        "attention.alibi_sign.fast", "microtensor/fast/attention.py",
+        "s[i, j] = s[i, j] * scale - slope * s.dtype.type(abs(position - j))",
+        "s[i, j] = s[i, j] * scale + slope * s.dtype.type(abs(position - j))",
+        'tests/test_attention.py -k "alibi and fast"',
+        jit=True,
+        why="the ALiBi bias added instead of subtracted in the fast forward",
+    ),
+    Mutant(
         "engine.copy_gradient.fast", "microtensor/fast/memory.py",
         "        destination[i] = source[i]\n",
         "        destination[i] = abs(source[i])\n",
@@ -705,5 +740,29 @@ MUTANTS = [
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-False-True"',
         jit=True,
         why="the new token attends to the cached positions but not to itself",
+    ),
+    Mutant(
+        "decode.grouped_head", "microtensor/fast/decode.py",
+        "g = h // group  # the key/value head of h's group",
+        "g = h % Hk  # the key/value head of h's group",
+        'tests/test_decode_variants.py -k "float64"',
+        jit=True,
+        why="the one-token step pairs query heads with the wrong shared key/value heads",
+    ),
+    Mutant(
+        "decode.alibi_sign", "microtensor/fast/decode.py",
+        "s = s * scale - slope * keys.dtype.type(position - j)",
+        "s = s * scale + slope * keys.dtype.type(position - j)",
+        'tests/test_decode_variants.py -k "float64"',
+        jit=True,
+        why="ALiBi rewards distance instead of penalizing it in the one-token step",
+    ),
+    Mutant(
+        "decode.expert_ties", "microtensor/fast/decode.py",
+        "probs[e] > probs[best]",
+        "probs[e] >= probs[best]",
+        "tests/test_decode_variants.py -k equal_probabilities",
+        jit=True,
+        why="experts tied in probability go to the higher number, unlike the module",
     ),
 ]

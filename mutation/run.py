@@ -123,7 +123,8 @@ def environment(worker_dir, jit, threads):
 
 
 def pytest_command(tests, hypothesis_seed):
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    # -m "slow or not slow": a mutant's tests are chosen by its -k, slow ones included (setup.cfg leaves them out by default)
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]
     if hypothesis_seed != "random":
         command.append(f"--hypothesis-seed={hypothesis_seed}")
     return command + shlex.split(tests)

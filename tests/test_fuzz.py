@@ -1135,9 +1135,14 @@ def _dropout(draw):
 # ================================================================================ attention and rope
 
 
-def attention_oracle(q, k, v, causal):
+def attention_oracle(q, k, v, causal, slopes=None):
+    """softmax(q kᵀ / √D - slope_h |pos_i - j|, masked) v in float64, the queries the last Tq
+    positions; slopes None (no bias) or (H,) for q (B, H, Tq, D)."""
     Tq, Tk, D = q.shape[-2], k.shape[-2], q.shape[-1]
     scores = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / math.sqrt(D)  # (..., Tq, Tk)
+    if slopes is not None:
+        distance = np.abs((Tk - Tq + np.arange(Tq))[:, None] - np.arange(Tk)[None, :])  # (Tq, Tk)
+        scores = scores - np.asarray(slopes, dtype=np.float64)[:, None, None] * distance  # (B, H, Tq, Tk)
     visible = np.arange(Tk)[None, :] <= (Tk - Tq + np.arange(Tq))[:, None] if causal else np.ones((Tq, Tk), bool)
     scores = np.where(visible, scores, -np.inf)
     if scores.size == 0:
@@ -1264,6 +1269,285 @@ def _rope(draw):
         assert_close("rope", result, expected.astype(values.dtype))
 
     run(draw, "rope", lambda: F.rope(x, offset), expect)
+
+
+def alibi_oracle(n):
+    """The ALiBi paper's slopes: for a power of two n the geometric sequence from 2^(-8/n) with
+    ratio 2^(-8/n); otherwise those of the largest power of two p below n, then the odd-numbered
+    (1st, 3rd, ...) of those of 2p heads, until there are n."""
+    def geometric(count):
+        start = 2.0 ** (-8.0 / count)
+        return [start ** (i + 1) for i in range(count)]
+
+    p = 2 ** math.floor(math.log2(n))
+    return np.array(geometric(p) + geometric(2 * p)[0::2][: n - p])
+
+
+@fuzz("alibi_slopes")
+def _alibi_slopes(draw):
+    n = draw.choice((0, -1, 2.0, True, "4", None)) if draw.rarely() else draw.choice((1, 2, 3, 4, 5, 6, 8, 12, 16, np.int64(7)))
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        draw.mark_invalid(f"n_head = {n!r}")
+
+    def expect(result):
+        assert isinstance(result, np.ndarray) and result.dtype == np.float64, f"alibi_slopes: {type(result).__name__} {getattr(result, 'dtype', None)}"
+        np.testing.assert_allclose(result, alibi_oracle(int(n)), rtol=1e-14, atol=0, err_msg="alibi_slopes")
+
+    run(draw, "alibi_slopes", lambda: F.alibi_slopes(n), expect)
+
+
+def some_slopes(draw, n_head, dtype):
+    """None, or n_head slopes as a list, a numpy array or a constant Tensor (ALiBi's or any finite
+    numbers); rarely (marked invalid) of the wrong length, with a nan, or a Tensor that requires grad.
+    Returns (the argument, the slopes in the op's dtype as float64, or None)."""
+    kind = draw.choice(("wrong length", "nan", "requires grad")) if draw.rarely() and draw.boolean() else draw.choice(("none", "none", "alibi", "list", "array", "tensor"))
+    if kind == "none":
+        return None, None
+    values = alibi_oracle(n_head) if kind == "alibi" else draw.rng.uniform(-1, 1, n_head)
+    if kind == "wrong length":
+        values = np.append(values, 0.5)
+    if kind == "nan":
+        values[draw.integer(0, n_head - 1)] = np.nan
+    if kind in ("wrong length", "nan", "requires grad"):
+        draw.mark_invalid(f"alibi_slopes: {kind}")
+    expected = values.astype(dtype).astype(np.float64)
+    if kind in ("list", "nan"):
+        return values.tolist(), expected
+    if kind in ("tensor", "requires grad"):
+        return Tensor(values.astype(dtype), requires_grad=kind == "requires grad"), expected
+    return values, expected
+
+
+def a_tile_size(draw):
+    tile_size = draw.choice((0, -2, 1.5, True)) if draw.rarely() and draw.boolean() else draw.choice((None, 1, 2, 3, 128, np.int64(2)))
+    if tile_size is not None and (not isinstance(tile_size, (int, np.integer)) or isinstance(tile_size, bool) or tile_size < 1):
+        draw.mark_invalid(f"tile_size = {tile_size!r}")
+    return tile_size
+
+
+@fuzz("online_attention")
+def _online_attention(draw):
+    B, Hk, group, Tq, D = draw.integer(0, 2), draw.integer(1, 2), draw.integer(1, 2), draw.integer(0, 3), draw.integer(0 if draw.rarely() else 1, 3)
+    H = Hk * group
+    Tk = Tq + draw.integer(0, 2)
+    causal = draw.flag("causal")
+    if draw.one_in(8) and Tq > 0:
+        Tk = Tq - 1
+        if causal is True:
+            draw.mark_invalid("Tk < Tq, causal")
+    if draw.one_in(10):
+        Hk, H = 2, 3
+        draw.mark_invalid("Hk does not divide H")
+    dtype = draw.float_dtype()
+    q = draw.float_operand((B, H, Tq, D), dtype)
+    k = draw.same_dtype_operand((B, Hk, Tk, D), dtype)
+    v_shape = (B, Hk, Tk, D)
+    if draw.one_in(10):
+        v_shape = (B, Hk, Tk, D + 1)
+        draw.mark_invalid("v of another shape")
+    v = draw.same_dtype_operand(v_shape, dtype)
+    if D == 0 or (Tk == 0 and Tq > 0 and B * H > 0):
+        draw.mark_invalid("D = 0, or queries without keys")
+    slopes, slope_values = some_slopes(draw, H, dtype)
+    tile_size = a_tile_size(draw)
+
+    def expect(result):
+        qa, ka, va = (t.numpy() for t in (q, k, v))
+        ka, va = np.repeat(ka, H // Hk, axis=1), np.repeat(va, H // Hk, axis=1)  # (B, H, Tk, D): head h reads h // (H / Hk)
+        out = attention_oracle(qa, ka, va, causal, slope_values).astype(dtype)
+        attention_check("online_attention", result, qa, ka, va, out, dtype, draw.kernels, causal)
+
+    run(draw, "online_attention", lambda: F.online_attention(q, k, v, causal, slopes, tile_size), expect)
+
+
+@fuzz("multi_head_online_attention")
+def _multi_head_online_attention(draw):
+    B, T, Hk, group, D = draw.integer(0, 2), draw.integer(0, 4), draw.integer(1, 2), draw.integer(1, 2), draw.integer(0 if draw.rarely() else 1, 3)
+    H = Hk * group
+    dtype = draw.float_dtype()
+    qkv = draw.float_operand((B, T, (H + 2 * Hk) * D), dtype)
+    n_head = draw.choice((0, -1, float(H), True)) if draw.rarely() and draw.boolean() else H
+    if n_head is not H:
+        draw.mark_invalid(f"n_head = {n_head!r}")
+    n_kv_head = None if Hk == H and draw.boolean() else Hk
+    if draw.one_in(10):
+        n_kv_head = draw.choice((0, 1.0, H + 1))  # below 1, not an int, or not dividing H
+        draw.mark_invalid(f"n_kv_head = {n_kv_head!r}")
+    if D == 0:
+        draw.mark_invalid("D = 0")
+    if draw.one_in(15):
+        qkv = draw.tensor((B, T), requires_grad=False)
+        draw.mark_invalid("a 2-d qkv")
+    causal = draw.flag("causal")
+    slopes, slope_values = some_slopes(draw, H, dtype)
+    tile_size = a_tile_size(draw)
+
+    def expect(result):
+        values = qkv.numpy()
+        kv = H if n_kv_head is None else n_kv_head
+        d = values.shape[-1] // (H + 2 * kv)
+        q = values[..., : H * d].reshape(B, T, H, d).transpose(0, 2, 1, 3)  # (B, H, T, d)
+        k = values[..., H * d : (H + kv) * d].reshape(B, T, kv, d).transpose(0, 2, 1, 3)  # (B, Hk, T, d)
+        v = values[..., (H + kv) * d :].reshape(B, T, kv, d).transpose(0, 2, 1, 3)
+        k, v = np.repeat(k, H // kv, axis=1), np.repeat(v, H // kv, axis=1)  # (B, H, T, d)
+        out = attention_oracle(q, k, v, causal, slope_values).transpose(0, 2, 1, 3).reshape(B, T, H * d)
+        attention_check("multi_head_online_attention", result, q, k, v, out.astype(dtype), dtype, draw.kernels, causal)
+
+    run(draw, "multi_head_online_attention", lambda: F.multi_head_online_attention(qkv, n_head, causal, n_kv_head, slopes, tile_size), expect)
+
+
+# ================================================================================ mixture of experts and LoRA
+
+
+def some_indices(draw, shape, high, name):
+    """Integers in [0, high) of `shape` as an int64 Tensor, an int32 array or a list; rarely (marked
+    invalid) one out of range, floats, or one dim too many."""
+    ids = draw.rng.integers(0, max(high, 1), shape)
+    if draw.rarely():
+        kind = draw.choice(("out of range", "float", "extra dim"))
+        if kind == "out of range":
+            ids = np.where(np.arange(ids.size).reshape(shape) == 0, draw.choice((-1, high, high + 5)), ids) if ids.size else ids
+            if ids.size:
+                draw.mark_invalid(f"{name}: {kind}")
+        else:
+            draw.mark_invalid(f"{name}: {kind}")
+            ids = ids.astype(np.float64) if kind == "float" else ids[..., None]
+    elif high == 0 and ids.size:
+        draw.mark_invalid(f"{name}: no valid index below 0")
+    form = draw.choice(("tensor", "array", "list"))
+    if form == "list" and ids.size == 0:
+        form = "array"  # (a list of an empty shape loses the dims after the first 0)
+    argument = {"tensor": lambda: Tensor(ids if ids.dtype.kind == "f" else ids.astype(np.int64)), "array": lambda: ids if ids.dtype.kind == "f" else ids.astype(np.int32), "list": lambda: ids.tolist()}[form]()
+    return argument, ids
+
+
+@fuzz("gather_rows")
+def _gather_rows(draw):
+    N, C, M, dtype = draw.integer(0 if draw.rarely() else 1, 4), draw.integer(0, 3), draw.integer(0, 5), draw.float_dtype()
+    x = draw.float_operand((N, C), dtype)
+    if draw.one_in(15):
+        x = draw.tensor((N,), dtype)
+        draw.mark_invalid("a 1-d x")
+    rows, ids = some_indices(draw, (M,), N, "rows")
+    run(draw, "gather_rows", lambda: F.gather_rows(x, rows), lambda result: assert_close("gather_rows", result, x.numpy()[ids], exact=True))
+
+
+@fuzz("scatter_add_rows")
+def _scatter_add_rows(draw):
+    n, C, M, dtype = draw.integer(0 if draw.rarely() else 1, 4), draw.integer(0, 3), draw.integer(0, 5), draw.float_dtype()
+    values = draw.float_operand((M, C), dtype)
+    if draw.one_in(15):
+        values = draw.tensor((M,), dtype)
+        draw.mark_invalid("a 1-d values")
+    rows, ids = some_indices(draw, (M,), n, "rows")
+    if draw.one_in(12):
+        rows, ids = ids[:-1] if M else [0], None  # one entry too few, or one for no row of values
+        draw.mark_invalid("rows of another length")
+    weights = draw.choice((None, "tensor", "tensor"))
+    if weights == "tensor":
+        weights = draw.same_dtype_operand((M,) if not draw.one_in(12) else (M + 1,), dtype)
+        if isinstance(weights, Tensor) and weights.shape != (M,):
+            draw.mark_invalid("weights of the wrong shape")
+    size = draw.choice((-1, 2.0, True)) if draw.one_in(12) else n
+    if size is not n:
+        draw.mark_invalid(f"n = {size!r}")
+
+    def expect(result):
+        v = values.numpy()
+        w = np.ones(M, dtype) if weights is None else weights.numpy()
+        terms = w[:, None] * v  # (M, C), in the dtype
+        expected = np.zeros((n, C), dtype)
+        np.add.at(expected, ids, terms)  # in the order of m, one by one
+        with np.errstate(all="ignore"):
+            bound = np.zeros((n, C))
+            np.add.at(bound, ids, np.abs(terms.astype(np.float64)))
+        finite = bound[np.isfinite(bound)]
+        assert_close("scatter_add_rows", result, expected, scale=max(1.0, float(finite.max(initial=0))))
+
+    run(draw, "scatter_add_rows", lambda: F.scatter_add_rows(values, rows, size, weights), expect)
+
+
+@fuzz("top_k_experts")
+def _top_k_experts(draw):
+    N, E, dtype = draw.integer(0, 4), draw.integer(0 if draw.rarely() else 1, 5), draw.float_dtype()
+    probs = draw.layout(draw.rng.choice([0.1, 0.25, 0.5, 0.7], (N, E)).astype(dtype))  # ties among few values
+    form = draw.choice(("tensor", "array"))
+    argument = Tensor(probs) if form == "tensor" else probs
+    if draw.one_in(10):
+        argument = draw.choice((probs.tolist(), probs.astype(np.int64), probs.reshape(-1)))
+        draw.mark_invalid("probs not a 2-d float array or Tensor")
+    k = draw.choice((0, E + 1, 1.0, True)) if draw.rarely() else draw.integer(1, max(E, 1))
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= E:
+        draw.mark_invalid(f"k = {k!r} for E = {E}")
+
+    def expect(result):
+        expected = np.array([sorted(range(E), key=lambda e: (-row[e], e))[:k] for row in probs.tolist()], dtype=np.int64).reshape(N, k)
+        assert isinstance(result, np.ndarray) and result.dtype == np.int64, f"top_k_experts: {type(result).__name__} {getattr(result, 'dtype', None)}"
+        np.testing.assert_array_equal(result, expected, err_msg="top_k_experts")
+
+    run(draw, "top_k_experts", lambda: F.top_k_experts(argument, k), expect)
+
+
+@fuzz("top_k_gates")
+def _top_k_gates(draw):
+    N, E, dtype = draw.integer(0, 3), draw.integer(1, 4), draw.float_dtype()
+    k = draw.integer(1, 3)
+    probs = Tensor(draw.layout(draw.rng.uniform(0.01, 1, (N, E)).astype(dtype)), requires_grad=draw.boolean())
+    if draw.one_in(10) and N:
+        kind = draw.choice(("zeros", "nan"))
+        values = probs.numpy().copy()
+        values[draw.integer(0, N - 1)] = 0.0 if kind == "zeros" else np.nan
+        probs = Tensor(values, requires_grad=probs.requires_grad)
+        draw.mark_invalid(f"a row of {kind}: the chosen probabilities do not add up to more than 0")
+    elif draw.one_in(10):
+        kind = draw.choice(("1-d", "int tensor", "array"))
+        values = probs.numpy()
+        probs = {"1-d": lambda: Tensor(values.reshape(-1)), "int tensor": lambda: Tensor(np.ones((N, E), np.int64)), "array": lambda: values}[kind]()
+        draw.mark_invalid(f"probs: a {kind} where a 2-d float Tensor is needed")
+    experts, ids = some_indices(draw, (N, k), E, "experts")
+    if draw.one_in(12):
+        experts = ids = np.zeros((N + 1, k) if draw.boolean() else (N, 0), np.int64)
+        draw.mark_invalid("experts not (N, k) with k >= 1")
+
+    def expect(result):
+        picked = np.take_along_axis(probs.numpy(), ids, axis=1)  # (N, k)
+        assert_close("top_k_gates", result, picked / picked.sum(axis=1, keepdims=True))
+
+    run(draw, "top_k_gates", lambda: F.top_k_gates(probs, experts), expect)
+
+
+@fuzz("lora_linear")
+def _lora_linear(draw):
+    batch, n_in, n_out, rank, dtype = draw.shape(0, 2, 0, 3), draw.integer(0, 3), draw.integer(0, 3), draw.integer(1, 3), draw.float_dtype()
+    x = draw.float_operand(batch + (n_in,), dtype)
+    weight = draw.same_dtype_operand((n_in, n_out), dtype)
+    bias = optional_vector(draw, n_out, dtype, "bias")
+    a_shape, b_shape = (n_in, rank), (rank, n_out)
+    if draw.one_in(10):
+        which = draw.choice(("rank 0", "lora_a", "lora_b"))
+        a_shape, b_shape = {"rank 0": ((n_in, 0), (0, n_out)), "lora_a": ((n_in + 1, rank), b_shape), "lora_b": (a_shape, (rank + 1, n_out))}[which]
+        draw.mark_invalid(f"shapes: {which}")
+    lora_a = draw.same_dtype_operand(a_shape, dtype)
+    lora_b = draw.same_dtype_operand(b_shape, dtype)
+    if draw.one_in(15):
+        x = draw.tensor(batch + (n_in + 1,), dtype)
+        draw.mark_invalid("x's last dim is not in")
+    scale = draw.choice((float("nan"), float("inf"), "2", None)) if draw.rarely() and draw.boolean() else draw.choice((1.0, 0.5, 2, -1.0, 0.0, np.float32(4.0)))
+    if not (isinstance(scale, (int, float, np.floating)) and math.isfinite(scale)):
+        draw.mark_invalid(f"scale = {scale!r}")
+
+    def expect(result):
+        xs, w, a, b = (t.numpy().astype(np.float64) for t in (x, weight, lora_a, lora_b))
+        bias64 = np.zeros(n_out) if bias is None else bias.numpy().astype(np.float64)
+        with np.errstate(all="ignore"):
+            expected = xs @ w + bias64 + float(scale) * ((xs @ a) @ b)  # (..., out)
+            bound = np.abs(xs) @ np.abs(w) + np.abs(bias64) + abs(float(scale)) * ((np.abs(xs) @ np.abs(a)) @ np.abs(b))
+        assert result.dtype == dtype and result.shape == expected.shape, f"lora_linear: {result.dtype} {result.shape}"
+        if not np.all(np.isfinite(bound)) or bound.max(initial=0) > np.finfo(dtype).max / 16:
+            return  # nan, inf or sums near the dtype's limit: the order of the sums decides what comes out
+        assert_close("lora_linear", result, expected.astype(dtype), scale=max(1.0, float(bound.max(initial=0))))
+
+    run(draw, "lora_linear", lambda: F.lora_linear(x, weight, bias, lora_a, lora_b, scale), expect)
 
 
 # ================================================================================ the Tensor's other methods

@@ -199,6 +199,11 @@ def perturbed(dtype, **options):
 
 
 OPTION_IDS = lambda o: "-".join(str(v) for v in o.values())  # noqa: E731
+# Every combination under -m slow; the four of OPTIONS, which between them take each value of each
+# option, in the default run.
+EVERY_OPTION_PARAMS = [
+    pytest.param(o, id=OPTION_IDS(o), marks=() if o in OPTIONS else pytest.mark.slow) for o in EVERY_OPTION
+]
 needs_the_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the fast kernels need Numba's compiler")
 
 # How far the two kernel sets may disagree, relative to the size of what is compared. They compute
@@ -230,7 +235,7 @@ def assert_close(name, fast, readable, tolerance):
 
 @needs_the_jit
 @pytest.mark.parametrize("dtype", [mt.float64, mt.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("options", EVERY_OPTION, ids=OPTION_IDS)
+@pytest.mark.parametrize("options", EVERY_OPTION_PARAMS)
 def test_the_readable_and_fast_kernel_sets_give_the_same_model(options, dtype):
     """For every model option and both float types, the loss, every parameter's gradient and a
     KV-cache generation (the greedy tokens and their logits: the fast set decodes one-token steps
@@ -250,7 +255,7 @@ def test_the_readable_and_fast_kernel_sets_give_the_same_model(options, dtype):
 
 
 @needs_the_jit
-@pytest.mark.parametrize("options", EVERY_OPTION, ids=OPTION_IDS)
+@pytest.mark.parametrize("options", EVERY_OPTION_PARAMS)
 def test_decode_step_equals_the_module_forward(options):
     """microtensor/fast/decode.py against GPT.forward run by the readable kernels, in float64, where
     only the order of the sums differs: the logits of each new token, and the keys and values it
@@ -273,7 +278,7 @@ def test_decode_step_equals_the_module_forward(options):
         np.testing.assert_allclose(values[layer], cache.v, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("options", EVERY_OPTION, ids=OPTION_IDS)
+@pytest.mark.parametrize("options", EVERY_OPTION_PARAMS)
 def test_cached_generation_equals_the_module_forward_past_block_size(options, kernel_set, monkeypatch):
     """float32, batch 2, 3 + 30 tokens through a block of 8: the window moves several times. The
     prompt and each new window go through the modules; every other token through the decode kernel

@@ -13,4 +13,7 @@ same result, registered with `kernels.fast_twin`); importing this package regist
 Why a fast form exists is said in one sentence beside it; what it gains is measured by the
 scripts in bench/ and reported in bench/README.md.
 """
-from . import attention, cross_entropy, embedding, gelu, layer_norm, matmul, memory, optim, rms_norm, silu, softmax  # noqa: F401
+from . import (  # noqa: F401
+    attention, cross_entropy, embedding, gelu, layer_norm, matmul, memory, moe, online_attention, optim, quantize,
+    rms_norm, silu, softmax,
+)

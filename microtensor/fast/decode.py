@@ -11,40 +11,52 @@ same keys and values into the same cache arrays, so a cache filled by the module
 tokens at once) can be continued here and the other way round. `GPT.generate_tokens` calls it
 only under the fast kernel set; under the readable set every token goes through the modules.
 
-For one sequence b with its new token at window position t, x the residual stream (C,), H heads
-of size D = C / H, F the MLP's hidden width:
+For one sequence b with its new token at window position t, x the residual stream (C,), H query
+heads and Hk key/value heads of size D = C / H (G = H / Hk query heads share one key/value head),
+F the MLP's hidden width:
 
-    x = wte[token] (+ wpe[t] with learned positions)                         (C,)
+    x = wte[token] (+ wpe[t]: the learned or the sinusoidal position table)  (C,)
     for each layer:
         a = norm(x; ln_1)                                                    (C,)
-        q, k, v = a @ c_attn.W + c_attn.b, cut in three                      (C,) each; head h is [hD, hD + D)
+        q, k, v = a @ c_attn.W + c_attn.b, cut in three                      (H D,), (Hk D,), (Hk D,)
+                                                                             head h is [hD, hD + D) of its part
         (rope: rotate each pair (2i, 2i+1) of q and k in a head by the angle t θ_i)
-        keys[layer, b, h, t], values[layer, b, h, t] = k_h, v_h              the cache, (H, block_size, D) per layer
-        s_j = q_h · keys[layer, b, h, j] / √D,   j = 0 .. t                  (t + 1,) per head: the new
-                                                                             token sees itself and all before it
-        p = softmax(s);   y_h = sum_j p_j values[layer, b, h, j]              (D,) per head
+        keys[layer, b, g, t], values[layer, b, g, t] = k_g, v_g              the cache, (Hk, block_size, D) per layer
+        for each query head h, reading key/value head g = h // G:
+          s_j = q_h · keys[layer, b, g, j] / √D - m_h (t - j),  j = 0 .. t   (t + 1,): the new token sees
+                                                                             itself and all before it
+          p = softmax(s);   y_h = sum_j p_j values[layer, b, g, j]            (D,)
         x = x + (y @ attn.c_proj.W + b)                                      (C,)
         a = norm(x; ln_2)
-        m = gelu(a @ c_fc.W + b)                 (GELU MLP)                  (F,)
-          or silu(a @ c_fc.W + b) * (a @ c_up.W + b)      (SwiGLU MLP)
-        x = x + (m @ mlp.c_proj.W + b)                                       (C,)
+        x = x + mlp(a)                                                       (C,)
     logits = norm(x; ln_f) @ lm_head            lm_head (C, V) = wteᵀ when the weights are tied
+
+    m_h: ALiBi's slope of head h (0 for every head without ALiBi: the term is then exactly 0)
+    mlp(a) = sum over the chosen experts e of gate_e expert_e(a):
+        a dense MLP is one expert, always chosen, with gate 1;
+        a mixture of E experts (models/moe.py): p = softmax(a @ router.W) (E,), the top_k most
+        probable experts are chosen (equal probabilities: the lower expert number first, as the
+        module's stable sort), gate_e = p_e / (sum of the chosen p), or p_e itself when top_k = 1
+    expert(a) = gelu(a @ c_fc.W + b) @ c_proj.W + b                         (GELU)
+             or (silu(a @ c_fc.W + b) * (a @ c_up.W + b)) @ c_proj.W + b     (SwiGLU)
 
     LayerNorm: (x - mean(x)) rstd w + b,  rstd = 1 / sqrt(mean((x - mean(x))²) + eps)
     RMSNorm:    x rstd w,                 rstd = 1 / sqrt(mean(x²) + eps)
+
+Only the chosen experts run: a token costs top_k experts' work, as in the module, not E.
 
 Every product is a row vector times a matrix, x (K,) @ W (K, N) -> (N,). `linear` loops over the
 rows of W and, inside, along one row: W is read once in memory order, and the inner loop's
 iterations write different outputs, so it vectorizes without reordering any sum.
 
-What bounds its speed: each token reads every weight once, more than fits in one core's L2 cache
-at the default recipe, so the weights stream from the next level of memory; the attention also
-reads the cache, which grows with the context.
+What bounds its speed: each token reads every weight it uses once, more than fits in one core's L2
+cache at the default recipe, so the weights stream from the next level of memory; the attention
+also reads the cache, which grows with the context (and is G times smaller with grouped heads).
 
 One kernel, serial (no prange): one token is too little work to share between threads (waking
 one costs more than the token). A model without biases gets zero biases, which add nothing; all
-options are flags and arrays of fixed dimensions in `DecodeWeights`, so a model of any options
-compiles one version of the kernel per float type.
+options are flags and arrays of fixed dimensions in `DecodeWeights` (a dense MLP is stored as one
+expert), so a model of any options compiles one version of the kernel per float type.
 """
 from typing import NamedTuple
 
@@ -53,6 +65,7 @@ import numpy as np
 from ..errors import InputError, InputTypeError
 from ..kernels import kernel
 from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
+from ..ops.positions import sinusoidal_embedding
 from ..ops.rope import rope_angles
 from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
 
@@ -60,36 +73,43 @@ from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
 class DecodeWeights(NamedTuple):
     """A GPT's weights for `decode_step`: each kind of layer weight stacked over the layers, L of them.
 
-    Shapes with C = n_embd, V = vocab, F = the MLP's hidden width, D = C / n_head, T = block_size.
-    Arrays an option leaves out are empty, so that the kernel sees the same types for every option.
+    Shapes with C = n_embd, V = vocab, H and Hk the query and key/value heads, D = C / H,
+    T = block_size, E the experts (1 for a dense MLP), F an expert's hidden width. Arrays an option
+    leaves out are empty, so that the kernel sees the same types for every option.
     """
 
     wte: np.ndarray  # (V, C)
-    wpe: np.ndarray  # (T, C), learned positions; (0, C) with rope
-    rope_cos: np.ndarray  # (T, D/2), cos(t θ_i) with rope; (0, 0) with learned positions
+    wpe: np.ndarray  # (T, C): the learned table, or the sinusoidal one; (0, C) with rope and ALiBi
+    rope_cos: np.ndarray  # (T, D/2), cos(t θ_i) with rope; (0, 0) otherwise
     rope_sin: np.ndarray  # (T, D/2)
+    alibi_slopes: np.ndarray  # (H,), ALiBi's slope of each query head; zeros without ALiBi
     ln_1_weight: np.ndarray  # (L, C)
     ln_1_bias: np.ndarray  # (L, C), zeros with RMSNorm or without biases
-    c_attn_weight: np.ndarray  # (L, C, 3C): q, k, v side by side
-    c_attn_bias: np.ndarray  # (L, 3C)
+    c_attn_weight: np.ndarray  # (L, C, (H + 2 Hk) D): q, k, v side by side
+    c_attn_bias: np.ndarray  # (L, (H + 2 Hk) D)
     attn_proj_weight: np.ndarray  # (L, C, C)
     attn_proj_bias: np.ndarray  # (L, C)
     ln_2_weight: np.ndarray  # (L, C)
     ln_2_bias: np.ndarray  # (L, C)
-    c_fc_weight: np.ndarray  # (L, C, F)
-    c_fc_bias: np.ndarray  # (L, F)
-    c_up_weight: np.ndarray  # (L, C, F) for SwiGLU; (L, C, 0) for GELU
-    c_up_bias: np.ndarray  # (L, F); (L, 0)
-    mlp_proj_weight: np.ndarray  # (L, F, C)
-    mlp_proj_bias: np.ndarray  # (L, C)
+    router_weight: np.ndarray  # (L, C, E) for a mixture of experts; (L, C, 0) for a dense MLP
+    c_fc_weight: np.ndarray  # (L, E, C, F)
+    c_fc_bias: np.ndarray  # (L, E, F)
+    c_up_weight: np.ndarray  # (L, E, C, F) for SwiGLU; (L, E, C, 0) for GELU
+    c_up_bias: np.ndarray  # (L, E, F); (L, E, 0)
+    mlp_proj_weight: np.ndarray  # (L, E, F, C)
+    mlp_proj_bias: np.ndarray  # (L, E, C)
     ln_f_weight: np.ndarray  # (C,)
     ln_f_bias: np.ndarray  # (C,)
     lm_head: np.ndarray  # (C, V)
     eps: np.floating  # the norms' epsilon, in the weights' float type
     n_head: int
+    n_kv_head: int
+    top_k: int  # experts per token (1 for a dense MLP)
     rmsnorm: bool  # else LayerNorm
     swiglu: bool  # else GELU
-    rope: bool  # else learned positions
+    rope: bool  # rotary positions: rotate q and k
+    position_table: bool  # learned or sinusoidal positions: add wpe[t] to the token's embedding
+    moe: bool  # a mixture of experts; else one dense MLP
 
 
 def decode_weights(model):
@@ -98,6 +118,7 @@ def decode_weights(model):
     blocks = list(parts.h)
     dtype = parts.wte.weight.dtype
     L, C, D = config.n_layer, config.n_embd, config.n_embd // config.n_head
+    width = (config.n_head + 2 * config.n_kv_head) * D  # c_attn's output: q, k, v heads side by side
 
     def stacked(get):
         """get(block) of every layer, stacked along a new first dim: (L, ...)."""
@@ -108,53 +129,83 @@ def decode_weights(model):
         b = getattr(module, "bias", None)
         return np.zeros(width, dtype) if b is None else b.data
 
+    moe = config.mlp == "moe"
+
+    def experts(block):
+        """The block's MLPs as a list of experts; a dense MLP is a list of one (same parameter names)."""
+        return list(block.mlp.experts) if moe else [block.mlp]
+
+    def per_expert(get):
+        """get(expert) of every expert of every layer: (L, E, ...)."""
+        return stacked(lambda block: np.stack([get(expert) for expert in experts(block)]))
+
+    rope_cos = rope_sin = np.zeros((0, 0), dtype)
+    wpe = np.zeros((0, C), dtype)
     if config.pos == "rope":
         rope_cos, rope_sin = rope_angles(config.block_size, D, 0, dtype)  # the module's own angles, (T, D/2)
-        wpe = np.zeros((0, C), dtype)
-    else:
-        rope_cos = rope_sin = np.zeros((0, 0), dtype)
+    elif config.pos == "learned":
         wpe = parts.wpe.weight.data
-    hidden = blocks[0].mlp.c_fc.weight.shape[1]
-    if config.mlp == "swiglu":
-        c_up_weight = stacked(lambda b: b.mlp.c_up.weight.data)
-        c_up_bias = stacked(lambda b: bias(b.mlp.c_up, hidden))
+    elif config.pos == "sinusoidal":
+        wpe = sinusoidal_embedding(0, config.block_size, C, dtype)  # (T, C), rows 0 .. T-1
+    if config.pos == "alibi":
+        alibi_slopes = np.array(blocks[0].attn.alibi_slopes, dtype)  # the module's own slopes, (H,)
     else:
-        c_up_weight, c_up_bias = np.zeros((L, C, 0), dtype), np.zeros((L, 0), dtype)
+        alibi_slopes = np.zeros(config.n_head, dtype)  # a slope of 0 adds exactly nothing
+    first = experts(blocks[0])[0]
+    hidden = first.c_fc.weight.shape[1]
+    swiglu = getattr(first, "kind", config.mlp) == "swiglu"  # an Expert says its kind; the dense MLP's is config.mlp
+    if swiglu:
+        c_up_weight = per_expert(lambda e: e.c_up.weight.data)
+        c_up_bias = per_expert(lambda e: bias(e.c_up, hidden))
+    else:
+        E = len(experts(blocks[0]))
+        c_up_weight, c_up_bias = np.zeros((L, E, C, 0), dtype), np.zeros((L, E, 0), dtype)
+    if moe:
+        router_weight = stacked(lambda b: b.mlp.router.weight.data)  # (L, C, E)
+        top_k = int(blocks[0].mlp.top_k)
+    else:
+        router_weight, top_k = np.zeros((L, C, 0), dtype), 1
     lm_head = parts.wte.weight.data.T if config.tie_weights else model.lm_head.weight.data  # (C, V)
     return DecodeWeights(
         wte=np.ascontiguousarray(parts.wte.weight.data),
         wpe=np.ascontiguousarray(wpe),
         rope_cos=np.ascontiguousarray(rope_cos),
         rope_sin=np.ascontiguousarray(rope_sin),
+        alibi_slopes=np.ascontiguousarray(alibi_slopes),
         ln_1_weight=stacked(lambda b: b.ln_1.weight.data),
         ln_1_bias=stacked(lambda b: bias(b.ln_1, C)),
         c_attn_weight=stacked(lambda b: b.attn.c_attn.weight.data),
-        c_attn_bias=stacked(lambda b: bias(b.attn.c_attn, 3 * C)),
+        c_attn_bias=stacked(lambda b: bias(b.attn.c_attn, width)),
         attn_proj_weight=stacked(lambda b: b.attn.c_proj.weight.data),
         attn_proj_bias=stacked(lambda b: bias(b.attn.c_proj, C)),
         ln_2_weight=stacked(lambda b: b.ln_2.weight.data),
         ln_2_bias=stacked(lambda b: bias(b.ln_2, C)),
-        c_fc_weight=stacked(lambda b: b.mlp.c_fc.weight.data),
-        c_fc_bias=stacked(lambda b: bias(b.mlp.c_fc, hidden)),
+        router_weight=router_weight,
+        c_fc_weight=per_expert(lambda e: e.c_fc.weight.data),
+        c_fc_bias=per_expert(lambda e: bias(e.c_fc, hidden)),
         c_up_weight=c_up_weight,
         c_up_bias=c_up_bias,
-        mlp_proj_weight=stacked(lambda b: b.mlp.c_proj.weight.data),
-        mlp_proj_bias=stacked(lambda b: bias(b.mlp.c_proj, C)),
+        mlp_proj_weight=per_expert(lambda e: e.c_proj.weight.data),
+        mlp_proj_bias=per_expert(lambda e: bias(e.c_proj, C)),
         ln_f_weight=np.ascontiguousarray(parts.ln_f.weight.data),
         ln_f_bias=np.ascontiguousarray(bias(parts.ln_f, C)),
         lm_head=np.ascontiguousarray(lm_head),
         eps=dtype.type(parts.ln_f.eps),
         n_head=int(config.n_head),
+        n_kv_head=int(config.n_kv_head),
+        top_k=top_k,
         rmsnorm=config.norm == "rmsnorm",
-        swiglu=config.mlp == "swiglu",
+        swiglu=swiglu,
         rope=config.pos == "rope",
+        position_table=config.pos in ("learned", "sinusoidal"),
+        moe=moe,
     )
 
 
 def decode(weights, tokens, position, keys, values):
     """tokens (B,) int at window position `position` -> logits (B, V), a new array.
 
-    keys, values (L, B, H, block_size, D): positions 0 .. position - 1 hold the earlier tokens' keys
+    keys, values (L, B, Hk, block_size, D): positions 0 .. position - 1 hold the earlier tokens' keys
     and values; this writes the new tokens' at `position`. Everything the kernel will index is
     checked first (it has no bounds checks): each token in [0, V), the batch and every other dim of
     the caches against the weights, and the position inside the caches and the position table.
@@ -170,17 +221,18 @@ def decode(weights, tokens, position, keys, values):
         bad = tokens[(tokens < 0) | (tokens >= vocab)][0]
         raise InputError(f"decode: token id {bad} is outside the vocabulary; ids must be in [0, {vocab})")
     L, C = weights.ln_1_weight.shape
-    H = weights.n_head
-    expected = (L, tokens.shape[0], H, None, C // H)
+    H, Hk = weights.n_head, weights.n_kv_head
+    expected = (L, tokens.shape[0], Hk, None, C // H)
     for name, cache in (("keys", keys), ("values", values)):
         if not isinstance(cache, np.ndarray) or cache.dtype != dtype or not cache.flags.writeable:
             raise InputTypeError(f"decode: {name} must be a writeable {dtype} array, got {type(cache).__name__} {getattr(cache, 'dtype', '')}")
         if cache.ndim != 5 or cache.shape[:3] + cache.shape[4:] != expected[:3] + expected[4:] or cache.shape != keys.shape:
             raise InputError(
-                f"decode: {name} has shape {cache.shape}, expected (n_layer, B, n_head, block_size, head size) = "
+                f"decode: {name} has shape {cache.shape}, expected (n_layer, B, n_kv_head, block_size, head size) = "
                 f"{expected} with B = {tokens.shape[0]} tokens, and keys and values of one shape"
             )
-    table = weights.rope_cos.shape[0] if weights.rope else weights.wpe.shape[0]  # rows of the position table
+    # rows of the position table; ALiBi has none, its bias depends on distances only
+    table = weights.rope_cos.shape[0] if weights.rope else weights.wpe.shape[0] if weights.position_table else keys.shape[3]
     limit = min(keys.shape[3], table)
     if not isinstance(position, (int, np.integer)) or isinstance(position, (bool, np.bool_)) or not 0 <= position < limit:
         raise InputError(
@@ -200,27 +252,33 @@ def decode(weights, tokens, position, keys, values):
 def decode_step(tokens, position, w, keys, values, logits):
     """One new token per sequence through the whole GPT (the module docstring's math).
 
-    tokens (B,) at window position `position`; w a DecodeWeights; keys, values (L, B, H, T, D),
+    tokens (B,) at window position `position`; w a DecodeWeights; keys, values (L, B, Hk, T, D),
     written at `position`; logits (B, V) is written.
     """
     L, C = w.ln_1_weight.shape
-    H = w.n_head
+    H, Hk = w.n_head, w.n_kv_head
     D = C // H
-    F = w.c_fc_weight.shape[2]
+    group = H // Hk  # query heads per key/value head
+    E, F = w.c_fc_weight.shape[1], w.c_fc_weight.shape[3]
     dtype = w.wte.dtype
     scale = dtype.type(1) / np.sqrt(dtype.type(D))  # 1/√D, computed in the weights' dtype
+    key_start, value_start = H * D, (H + Hk) * D  # where k and v begin in qkv
     x = np.empty(C, dtype)  # the residual stream
     normed = np.empty(C, dtype)  # norm(x), the input of attention, of the MLP and of lm_head
-    qkv = np.empty(3 * C, dtype)  # q, k, v of every head: [0, C), [C, 2C), [2C, 3C)
-    attended = np.empty(C, dtype)  # the heads' outputs side by side
+    qkv = np.empty((H + 2 * Hk) * D, dtype)  # q of every query head, then k, then v of every key/value head
+    attended = np.empty(C, dtype)  # the query heads' outputs side by side
     delta = np.empty(C, dtype)  # what a sub-layer adds to the residual stream
+    answer = np.empty(C, dtype)  # one expert's output
     probs = np.empty(position + 1, dtype)  # one head's attention over the cache
-    gate = np.empty(F, dtype)  # the MLP's hidden activations
+    hidden = np.empty(F, dtype)  # an expert's hidden activations
     up = np.empty(F if w.swiglu else 0, dtype)  # SwiGLU's second projection
+    expert_probs = np.empty(E, dtype)  # the router's softmax
+    gates = np.empty(E, dtype)  # each expert's weight in the MLP's output (0: not chosen)
+    chosen = np.empty(E, np.bool_)  # which experts run
     for b in range(tokens.shape[0]):
         for c in range(C):
             x[c] = w.wte[tokens[b], c]
-        if not w.rope:
+        if w.position_table:
             for c in range(C):
                 x[c] += w.wpe[position, c]
         for layer in range(L):
@@ -229,25 +287,38 @@ def decode_step(tokens, position, w, keys, values, logits):
             linear(normed, w.c_attn_weight[layer], w.c_attn_bias[layer], qkv)
             if w.rope:
                 rotate_heads(qkv, 0, H, D, w.rope_cos[position], w.rope_sin[position])  # q
-                rotate_heads(qkv, C, H, D, w.rope_cos[position], w.rope_sin[position])  # k
-            for h in range(H):
+                rotate_heads(qkv, key_start, Hk, D, w.rope_cos[position], w.rope_sin[position])  # k
+            for g in range(Hk):
                 for d in range(D):
-                    keys[layer, b, h, position, d] = qkv[C + h * D + d]
-                    values[layer, b, h, position, d] = qkv[2 * C + h * D + d]
+                    keys[layer, b, g, position, d] = qkv[key_start + g * D + d]
+                    values[layer, b, g, position, d] = qkv[value_start + g * D + d]
             for h in range(H):
-                attend(qkv, h, keys[layer, b, h], values[layer, b, h], position, scale, probs, attended)
+                g = h // group  # the key/value head of h's group
+                attend(qkv, h, keys[layer, b, g], values[layer, b, g], position, scale, w.alibi_slopes[h], probs, attended)
             linear(attended, w.attn_proj_weight[layer], w.attn_proj_bias[layer], delta)
             for c in range(C):
                 x[c] += delta[c]
-            # MLP: x = x + c_proj(gelu(c_fc(a))) or x + c_proj(silu(c_fc(a)) * c_up(a))
+            # MLP: x = x + sum over the chosen experts of gate * expert(norm(x))
             norm_row(x, w.ln_2_weight[layer], w.ln_2_bias[layer], w.eps, w.rmsnorm, normed)
-            linear(normed, w.c_fc_weight[layer], w.c_fc_bias[layer], gate)
-            if w.swiglu:
-                linear(normed, w.c_up_weight[layer], w.c_up_bias[layer], up)
-                swiglu_in_place(gate, up)
+            if w.moe:
+                route(normed, w.router_weight[layer], w.top_k, expert_probs, chosen, gates)
             else:
-                gelu_in_place(gate)
-            linear(gate, w.mlp_proj_weight[layer], w.mlp_proj_bias[layer], delta)
+                chosen[0], gates[0] = True, dtype.type(1)  # the dense MLP: one expert, gate 1
+            for c in range(C):
+                delta[c] = 0
+            for e in range(E):  # in expert order, as the module adds the experts' contributions
+                if not chosen[e]:
+                    continue  # experts not chosen do no work
+                linear(normed, w.c_fc_weight[layer, e], w.c_fc_bias[layer, e], hidden)
+                if w.swiglu:
+                    linear(normed, w.c_up_weight[layer, e], w.c_up_bias[layer, e], up)
+                    swiglu_in_place(hidden, up)
+                else:
+                    gelu_in_place(hidden)
+                linear(hidden, w.mlp_proj_weight[layer, e], w.mlp_proj_bias[layer, e], answer)
+                gate = gates[e]
+                for c in range(C):
+                    delta[c] += gate * answer[c]
             for c in range(C):
                 x[c] += delta[c]
         norm_row(x, w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed)
@@ -325,9 +396,10 @@ def rotate_heads(qkv, start, H, D, cos, sin):
 
 
 @kernel(fastmath=REDUCE_FASTMATH)
-def attend(qkv, h, keys, values, position, scale, probs, out):
-    """Head h's query q = qkv[hD : hD + D] against the keys and values (T, D) at positions
-    0 .. position: out[hD : hD + D] = softmax(q kᵀ scale) v. probs (position + 1,) is scratch."""
+def attend(qkv, h, keys, values, position, scale, slope, probs, out):
+    """Query head h's q = qkv[hD : hD + D] against the keys and values (T, D) of its key/value head
+    at positions 0 .. position: out[hD : hD + D] = softmax(q kᵀ scale - slope (position - j)) v.
+    slope: ALiBi's, 0 without it. probs (position + 1,) is scratch."""
     n, D = position + 1, keys.shape[1]
     zero = keys.dtype.type(0)
     q = qkv[h * D : h * D + D]
@@ -336,7 +408,7 @@ def attend(qkv, h, keys, values, position, scale, probs, out):
         s = zero
         for d in range(D):
             s += q[d] * keys[j, d]
-        s *= scale
+        s = s * scale - slope * keys.dtype.type(position - j)  # ALiBi: the farther back, the lower
         probs[j] = s
         if j == 0 or s > row_max:
             row_max = s
@@ -350,6 +422,48 @@ def attend(qkv, h, keys, values, position, scale, probs, out):
     y = out[h * D : h * D + D]
     y[:] = 0
     matvec_accumulate(probs, values[:n], y)  # y (D,) = p (n,) @ v (n, D)
+
+
+@kernel
+def route(a, router_weight, top_k, probs, chosen, gates):
+    """A mixture of experts' choice for one token a (C,): probs (E,) = softmax(a @ router_weight
+    (C, E)); chosen (E,) marks the top_k most probable experts; gates (E,) = each chosen expert's
+    probability over the sum of the chosen ones (with top_k = 1: the probability itself, Switch
+    Transformer's gate, as models/moe.py has it), 0 for the others.
+
+    The experts are picked one at a time, each the most probable of those left: a strict > keeps
+    the first of equal probabilities, the lower expert number, which is the order the module's
+    stable sort gives (models/moe.py), so both choose the same experts. The chosen probabilities
+    are summed in the order they were picked, as the module sums them."""
+    E = probs.shape[0]
+    zero = a.dtype.type(0)
+    probs[:] = 0
+    matvec_accumulate(a, router_weight, probs)  # the router's logits (E,)
+    row_max = probs[0]
+    for e in range(1, E):
+        if probs[e] > row_max:
+            row_max = probs[e]
+    total = zero
+    for e in range(E):
+        probs[e] = exp_of_nonpositive(probs[e] - row_max)
+        total += probs[e]
+    for e in range(E):
+        probs[e] /= total
+    chosen[:] = False
+    gates[:] = 0
+    picked = zero  # the sum of the chosen probabilities
+    for _ in range(top_k):
+        best = -1
+        for e in range(E):
+            if not chosen[e] and (best < 0 or probs[e] > probs[best]):
+                best = e
+        chosen[best] = True
+        picked += probs[best]
+    if top_k == 1:
+        picked = a.dtype.type(1)  # Switch's gate: the probability, not p / p = 1
+    for e in range(E):
+        if chosen[e]:
+            gates[e] = probs[e] / picked
 
 
 @kernel

@@ -1,0 +1,138 @@
+"""Generation speed of the transformer variants, with the fast set's decode kernel and without it.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_decode_variants.py [--repeat 5] [--json FILE]
+
+The default recipe's shapes (4 layers, 4 heads, 128 wide, block 64, vocabulary 65) with random
+weights (the initialization), greedy generation of 200 tokens from a 1-token prompt, batch 1, with
+the KV cache, under the fast kernel set. Each variant changes one option of the baseline (learned
+positions, 4 key/value heads, the GELU MLP): ALiBi positions, one key/value head (multi-query), a
+mixture of 4 experts with 2 per token. Each runs two ways: "kernel", where every one-token step is
+one call of microtensor/fast/decode.py, and "fallback", where `decode_kernel_fits` is patched to
+say no, so every step goes through the modules (the path these options took before the kernel
+covered them). 200 tokens pass block_size, so both also rebuild the cache through the modules
+every 32 tokens (the window rule).
+
+Before timing, the script checks that both ways generate the same tokens. The runs alternate
+between all eight (variant, way) pairs, so a noisy neighbour slows all of them alike; a figure is
+the median over `--repeat` runs, and tokens/s is 200 over that median. Prints a markdown table and
+writes bench/results/decode_variants.json (or --json FILE).
+"""
+from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+import statistics
+import time
+
+import numpy as np
+
+import microtensor as mt
+from models import gpt as gpt_module
+from models.gpt import GPT, GPTConfig
+
+RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+NEW_TOKENS = 200
+DEFAULT_REPEAT = 5
+VARIANTS = {
+    "baseline": dict(),  # learned positions, n_kv_head 4, GELU MLP
+    "alibi": dict(pos="alibi"),
+    "n_kv_head_1": dict(n_kv_head=1),
+    "moe": dict(mlp="moe", n_expert=4, expert_top_k=2),
+}
+LABELS = {
+    "baseline": "baseline (learned, n_kv_head 4, gelu)",
+    "alibi": "pos alibi",
+    "n_kv_head_1": "n_kv_head 1",
+    "moe": "mlp moe (E 4, k 2)",
+}
+WAYS = ("kernel", "fallback")
+DEFAULT_JSON = ROOT / "bench" / "results" / "decode_variants.json"
+
+
+def generator(model, way):
+    """A function that runs one whole greedy generation and returns its tokens (NEW_TOKENS,)."""
+    prompt = np.zeros((1, 1), dtype=np.int64)
+    fits = gpt_module.decode_kernel_fits
+
+    def run():
+        if way == "fallback":
+            gpt_module.decode_kernel_fits = lambda config: False
+        try:
+            with mt.using_kernels("fast"):
+                out = model.generate(prompt, NEW_TOKENS, temperature=0, use_kv_cache=True)
+        finally:
+            gpt_module.decode_kernel_fits = fits
+        return out.data[0, 1:]
+
+    return run
+
+
+def build():
+    """{(variant, way): generator}, and checks that the kernel serves every variant."""
+    runs = {}
+    for name, options in VARIANTS.items():
+        mt.manual_seed(0)
+        model = GPT(GPTConfig(**RECIPE, **options))
+        if not gpt_module.decode_kernel_fits(model.config):
+            raise SystemExit(f"bench_decode_variants: decode_kernel_fits says no to {name}; there is no kernel to measure")
+        for way in WAYS:
+            runs[name, way] = generator(model, way)
+    return runs
+
+
+def check_same_tokens(runs):
+    """Both ways of a variant must generate the same greedy tokens, or they time different work
+    (also the warm-up: the first run compiles)."""
+    for name in VARIANTS:
+        kernel, fallback = runs[name, "kernel"](), runs[name, "fallback"]()
+        differ = np.flatnonzero(kernel != fallback)
+        if differ.size:
+            raise SystemExit(
+                f"bench_decode_variants: {name}: the kernel and the fallback differ first at token {int(differ[0])} "
+                f"({int(kernel[differ[0]])} vs {int(fallback[differ[0]])}; {differ.size} tokens differ)"
+            )
+    console.print(f"kernel and fallback generate the same {NEW_TOKENS} tokens for each of {len(VARIANTS)} variants")
+
+
+def measure(repeat):
+    runs = build()
+    check_same_tokens(runs)
+    times = {key: [] for key in runs}
+    for _ in range(repeat):  # one run of each in turn, `repeat` times
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[key].append(time.perf_counter() - start)
+    results = {}
+    for name in VARIANTS:
+        row = {}
+        for way in WAYS:
+            seconds = statistics.median(times[name, way])
+            row[f"{way}_s"] = seconds
+            row[f"{way}_tokens_per_s"] = NEW_TOKENS / seconds
+            row[f"{way}_runs_s"] = times[name, way]
+        row["kernel_vs_fallback"] = row["fallback_s"] / row["kernel_s"]
+        results[name] = row
+    return results
+
+
+def show(results, repeat):
+    print(f"\nGreedy generation, {NEW_TOKENS} tokens, batch 1, KV cache, fast set; medians of {repeat} runs\n")
+    print("| variant | kernel tokens/s | fallback tokens/s | kernel / fallback |")
+    print("|---|---:|---:|---:|")
+    for name, row in results.items():
+        print(f"| {LABELS[name]} | {row['kernel_tokens_per_s']:,.0f} | {row['fallback_tokens_per_s']:,.0f} | {row['kernel_vs_fallback']:.1f}× |")
+    print()
+
+
+def main():
+    p = parser(__doc__.splitlines()[0])
+    args = p.parse_args()
+    repeat = args.repeat or DEFAULT_REPEAT
+    info = machine_info()
+    print_machine(info)
+    results = measure(repeat)
+    show(results, repeat)
+    settings = {"recipe": RECIPE, "variants": VARIANTS, "tokens": NEW_TOKENS, "repeat": repeat}
+    write_json(args.json or DEFAULT_JSON, {"machine": info, "settings": settings, "decode_variants": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Beam search and speculative decoding (models/decoding.py) on a trained target and draft.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_decoding.py [--json FILE]
+
+Trains, with train.py in a subprocess, a target (the default recipe: 4 layers, 4 heads, 128 wide,
+block 64) and a small draft (1 layer, 4 heads, 64 wide, the same block and data, so the same
+character vocabulary) on ../shared/data/tinyshakespeare.txt, and keeps both in a folder of the
+temporary directory: a second run with the same settings reuses them (--retrain trains again).
+
+Beam search: for a few prompts taken from the validation text (its last 10%), the summed
+log-probability of 100 new tokens found by K = 1, 2, 4, 8 beams, against greedy decoding's (K = 1
+must equal greedy, token for token; that is checked).
+
+Speculative decoding: after each prompt, as many new tokens as fill the target's block (so that
+no window moves: a move rebuilds the caches, a cost that is neither side's), at temperature 0 and
+0.8, with k = 2, 4, 6 proposals per round: the acceptance rate, the new tokens per target forward, and the tokens/s
+against the target alone (GPT.generate_tokens with its KV cache; both under the fast kernel set,
+whose one-token steps are the decode kernel). Each time is the median of --repeat runs (default
+3), the runs of every variant taken in turn. At temperature 0 the output must equal the target's
+greedy output; that is checked. The costs that decide the speed-up are measured too: one token of
+the target through the decode kernel, the target's forward of k + 1 tokens through the modules
+(how speculative decoding verifies), and one token of the draft.
+
+Writes bench/results/decoding.json (or --json FILE) and prints markdown tables.
+"""
+from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import microtensor as mt
+from models import checkpoint
+from models.decoding import WindowedCache, beam_search, log_softmax, speculative_generate
+from models.gpt import GPT, GPTConfig
+
+TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+DEFAULT_JSON = ROOT / "bench" / "results" / "decoding.json"
+TARGET_FLAGS = []  # the default recipe
+DRAFT_FLAGS = ["--n-layer", "1", "--n-head", "4", "--n-embd", "64"]
+BEAM_WIDTHS = (1, 2, 4, 8)
+BEAM_TOKENS = 100
+SPECULATE = (2, 4, 6)
+TEMPERATURES = (0.0, 0.8)
+PROMPTS = 6
+PROMPT_CHARS = 8
+DEFAULT_REPEAT = 3
+
+
+def train_once(name, flags, args):
+    """The checkpoint folder of a model trained with these flags, trained now unless the cache
+    folder holds one trained with exactly the same command."""
+    folder = Path(args.cache_dir) / name
+    command = [
+        sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out-dir", str(folder), "--max-iters", str(args.iters),
+        "--lr-decay-iters", str(args.iters), "--eval-interval", str(args.iters), "--sample-chars", "0", *flags,
+    ]  # fmt: skip
+    record = folder / "bench-command.json"
+    if not args.retrain and record.exists() and json.loads(record.read_text()) == command[1:] and checkpoint.path_in(folder).exists():
+        console.print(f"reusing the {name} trained in {folder}")
+        return folder
+    console.print(f"training the {name}: {' '.join(command[1:])}")
+    started = time.perf_counter()
+    subprocess.run([*command, "--force"], check=True, cwd=ROOT)
+    record.write_text(json.dumps(command[1:]))
+    console.print(f"trained the {name} in {time.perf_counter() - started:.0f} s")
+    return folder
+
+
+def load(folder):
+    model_state, _, meta = checkpoint.load(folder)
+    config = GPTConfig(**meta["config"])
+    model = GPT(config)
+    model.load_state_dict(model_state)
+    model.eval()
+    return model, checkpoint.tokenizer_of(meta, checkpoint.path_in(folder), config), meta
+
+
+def val_prompts(text, tokenizer):
+    """PROMPTS prompts of PROMPT_CHARS characters from the validation text, each starting a line."""
+    val = text[int(0.9 * len(text)) :]
+    prompts, at = [], 0
+    for i in range(PROMPTS):
+        at = val.index("\n", (i + 1) * len(val) // (PROMPTS + 1)) + 1
+        prompts.append(tokenizer.encode(val[at : at + PROMPT_CHARS]))
+    return prompts
+
+
+def greedy_logprob(model, prompt, n):
+    """(tokens, summed log-probability) of greedy decoding."""
+    tokens, total = [], 0.0
+    for token, logits in model.generate_tokens(np.array([prompt]), n, temperature=0):
+        tokens.append(int(token[0]))
+        total += float(log_softmax(logits[0])[token[0]])
+    return np.array(tokens), total
+
+
+def measure_beams(target, prompts):
+    rows = []
+    for K in BEAM_WIDTHS:
+        logprobs, greedy_logprobs, seconds = [], [], []
+        for prompt in prompts:
+            greedy_tokens, greedy_total = greedy_logprob(target, prompt, BEAM_TOKENS)
+            start = time.perf_counter()
+            result = beam_search(target, prompt, K, BEAM_TOKENS)
+            seconds.append(time.perf_counter() - start)
+            if K == 1 and result.tokens.tolist() != greedy_tokens.tolist():
+                raise SystemExit("beam search with K = 1 is not greedy decoding")
+            logprobs.append(result.logprob)
+            greedy_logprobs.append(greedy_total)
+        rows.append({
+            "beam_width": K, "logprobs": logprobs, "greedy_logprobs": greedy_logprobs,
+            "mean_logprob": statistics.mean(logprobs), "mean_greedy_logprob": statistics.mean(greedy_logprobs),
+            "mean_gain_over_greedy": statistics.mean(np.subtract(logprobs, greedy_logprobs)),
+            "prompts_beating_greedy": int(sum(lp > g + 1e-9 for lp, g in zip(logprobs, greedy_logprobs))),
+            "median_seconds": statistics.median(seconds),
+        })  # fmt: skip
+    return rows
+
+
+def target_alone(target, prompt, n, temperature, seed):
+    tokens = target.generate(np.array([prompt]), n, temperature=temperature, seed=seed)
+    return tokens.data[0, len(prompt) :]
+
+
+def measure_speculative(target, draft, prompts, repeat):
+    """Every (temperature, k) and the target alone, each run `repeat` times per prompt in turn."""
+    n = target.config.block_size - PROMPT_CHARS  # new tokens per prompt: up to a full window
+    variants = [(T, None) for T in TEMPERATURES] + [(T, k) for T in TEMPERATURES for k in SPECULATE]
+    times = {v: [] for v in variants}
+    stats = {v: [] for v in variants}
+    for _ in range(repeat):
+        for variant in variants:
+            T, k = variant
+            elapsed = 0.0
+            for seed, prompt in enumerate(prompts):
+                start = time.perf_counter()
+                if k is None:
+                    tokens = target_alone(target, prompt, n, T, seed)
+                else:
+                    tokens, stat = speculative_generate(target, draft, prompt, n, k, temperature=T, seed=seed)
+                    stats[variant].append(stat)
+                elapsed += time.perf_counter() - start
+                if T == 0 and k is not None and tokens.tolist() != target_alone(target, prompt, n, 0.0, seed).tolist():
+                    raise SystemExit(f"speculative decoding at temperature 0 with k = {k} differs from greedy decoding")
+            times[variant].append(elapsed)
+    new_tokens = n * len(prompts)
+    rows = []
+    for T in TEMPERATURES:
+        alone = statistics.median(times[T, None])
+        rows.append({"temperature": T, "speculate": None, "median_seconds": alone, "tokens_per_s": new_tokens / alone})
+        for k in SPECULATE:
+            seconds = statistics.median(times[T, k])
+            proposed = sum(s.proposed for s in stats[T, k])
+            accepted = sum(s.accepted for s in stats[T, k])
+            rounds = sum(s.rounds for s in stats[T, k])
+            generated = sum(s.generated for s in stats[T, k])
+            rows.append({
+                "temperature": T, "speculate": k, "median_seconds": seconds, "tokens_per_s": new_tokens / seconds,
+                "speed_up": alone / seconds, "acceptance_rate": accepted / proposed, "tokens_per_target_forward": generated / rounds,
+                "equal_to_greedy": T == 0 or None,
+            })  # fmt: skip
+    return rows
+
+
+def median_seconds(fn, repeat=50):
+    fn()
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
+
+
+def measure_costs(target, draft, prompt):
+    """Seconds of the pieces of one round: a token of the target through the decode kernel (what
+    the target alone pays per token), the target's forward of k + 1 tokens through the modules over
+    its cache (one verification), and a token of the draft through the decode kernel."""
+    costs = {}
+    with mt.no_grad():
+        for name, model in (("target", target), ("draft", draft)):
+            cache = WindowedCache(model, 1, len(prompt))
+            sequence = np.array([prompt])
+            cache.feed(sequence)
+            longer = np.concatenate([sequence, [[1]]], axis=1)
+
+            def one_token(cache=cache, longer=longer):
+                cache.rollback(longer.shape[1] - 1)
+                cache.feed(longer)
+
+            costs[f"{name}_one_token_decode_kernel_s"] = median_seconds(one_token)
+        cache = WindowedCache(target, 1, len(prompt))
+        sequence = np.array([prompt])
+        cache.feed(sequence)
+        for k in SPECULATE:
+            longer = np.concatenate([sequence, np.ones((1, k + 1), dtype=np.int64)], axis=1)
+
+            def verify(cache=cache, longer=longer, k=k):
+                cache.rollback(longer.shape[1] - k - 1)
+                cache.feed(longer)
+
+            costs[f"target_forward_{k + 1}_tokens_modules_s"] = median_seconds(verify)
+    return costs
+
+
+def show(beams, speculative, costs, meta):
+    print(f"\nBeam search: summed log-probability of {BEAM_TOKENS} new tokens, mean over {PROMPTS} validation prompts\n")
+    print("| beams K | log-probability | greedy | beam − greedy | prompts where beam > greedy | median time |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in beams:
+        print(
+            f"| {row['beam_width']} | {row['mean_logprob']:.2f} | {row['mean_greedy_logprob']:.2f} | {row['mean_gain_over_greedy']:+.2f} "
+            f"| {row['prompts_beating_greedy']} of {PROMPTS} | {row['median_seconds'] * 1e3:.0f} ms |"
+        )
+    print(f"\nSpeculative decoding: {meta['speculative_tokens']} new tokens after each of {PROMPTS} prompts; medians of {meta['repeat']} runs\n")
+    print("| temperature | k | acceptance rate | tokens per target forward | tokens/s | speed-up vs target alone | output = greedy |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for row in speculative:
+        if row["speculate"] is None:
+            print(f"| {row['temperature']} | target alone | | 1 | {row['tokens_per_s']:,.0f} | 1 | |")
+        else:
+            equal = "yes" if row["equal_to_greedy"] else ""
+            print(
+                f"| {row['temperature']} | {row['speculate']} | {row['acceptance_rate']:.0%} | {row['tokens_per_target_forward']:.2f} "
+                f"| {row['tokens_per_s']:,.0f} | {row['speed_up']:.2f}× | {equal} |"
+            )
+    print("\nWhat one round costs (medians)\n")
+    print("| piece | time |")
+    print("|---|---:|")
+    for name, seconds in costs.items():
+        print(f"| {name.removesuffix('_s').replace('_', ' ')} | {seconds * 1e6:.0f} µs |")
+    print()
+
+
+def main():
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(TINYSHAKESPEARE), help="text to train both models on")
+    p.add_argument("--iters", type=int, default=500, help="training steps of each model")
+    p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "microtensor-bench-decoding"), help="where the trained models are kept")
+    p.add_argument("--retrain", action="store_true", help="train both models again even if the cache folder has them")
+    args = p.parse_args()
+    repeat = args.repeat or DEFAULT_REPEAT
+    info = machine_info()
+    print_machine(info)
+    target_dir = train_once("target", TARGET_FLAGS, args)
+    draft_dir = train_once("draft", DRAFT_FLAGS, args)
+    target, tokenizer, target_meta = load(target_dir)
+    draft, draft_tokenizer, draft_meta = load(draft_dir)
+    if tokenizer.chars != draft_tokenizer.chars:
+        raise SystemExit("the target and the draft have different vocabularies")
+    text = Path(args.data).read_bytes().decode("utf-8")
+    prompts = val_prompts(text, tokenizer)
+    load_before = os.getloadavg()
+    with mt.using_kernels("fast"):
+        beams = measure_beams(target, prompts)
+        speculative = measure_speculative(target, draft, prompts, repeat)
+        costs = measure_costs(target, draft, prompts[0])
+    settings = {
+        "data": args.data, "iters": args.iters, "target_flags": TARGET_FLAGS, "draft_flags": DRAFT_FLAGS,
+        "target_config": target_meta["config"], "draft_config": draft_meta["config"],
+        "target_best_val_loss": target_meta.get("best_val"), "draft_best_val_loss": draft_meta.get("best_val"),
+        "beam_tokens": BEAM_TOKENS, "speculative_tokens": target.config.block_size - PROMPT_CHARS, "prompts": PROMPTS, "prompt_chars": PROMPT_CHARS,
+        "repeat": repeat, "kernels": "fast",
+        # other processes on the machine slow Python and threads alike: the load says how busy it was
+        "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
+    }  # fmt: skip
+    show(beams, speculative, costs, settings)
+    write_json(args.json or DEFAULT_JSON, {"machine": info, "settings": settings, "beam_search": beams, "speculative": speculative, "costs": costs})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""int8 and int4 weights (models/quantize.py) against float32: bytes, validation loss, generation speed.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_quantize.py [--json FILE]
+
+Trains the default recipe (4 layers, 4 heads, 128 wide, block 64) briefly with train.py in a
+subprocess (--iters, default 500) on ../shared/data/tinyshakespeare.txt, in a folder of the
+temporary directory that a second run with the same settings reuses (--retrain trains again; or
+--checkpoint DIR uses a checkpoint of train.py's). Then, for the float32 model, the same weights
+quantized to int8 (one scale per output channel) and to int4 (one scale per group of --group-size
+input rows):
+
+- weight bytes: the codes and scales, plus the parameters left in float32 (norms), against float32;
+- validation loss over the whole validation split (its last 10%, as train.py splits it), cut into
+  windows of block_size tokens that do not overlap, and bits per character (loss / ln 2, one
+  character per token);
+- generation: 200 new tokens, greedy, with the KV cache, from a newline, batch 1, the fast kernel
+  set; the median of --repeat runs (default 3) after a warm-up run, the variants taken in turn.
+  A float32 model's one-token steps run the fast set's decode kernel (the whole model in one
+  kernel); a quantized model's go through the modules, each Linear its quantized product. So
+  float32 is also timed through the modules ("float32, modules": the decode kernel switched off
+  here by making models.gpt.decode_kernel_fits answer False), which is the fair comparison of the
+  products. With block_size 64, every variant feeds its last 32 tokens through the modules again
+  each time the window passes block_size (models/gpt.py's window rule): that is in every time.
+  Also: where the greedy tokens first differ from float32's (once one token differs, the
+  texts go separate ways, so the count of equal tokens after it says little).
+
+Writes bench/results/quantize.json (or --json FILE) and prints a markdown table.
+"""
+from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+import microtensor as mt
+import models.gpt
+from models import checkpoint
+from models.data import Batches, load_text
+from models.gpt import GPT, GPTConfig
+from models.quantize import quantize_model, weight_bytes
+
+TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+DEFAULT_JSON = ROOT / "bench" / "results" / "quantize.json"
+NEW_TOKENS = 200
+DEFAULT_REPEAT = 3
+EVAL_WINDOWS_PER_BATCH = 32
+
+
+def train_once(args):
+    """The checkpoint folder: --checkpoint, or one trained now (or earlier with the same command)."""
+    if args.checkpoint:
+        return Path(args.checkpoint)
+    folder = Path(args.cache_dir) / "default-recipe"
+    command = [
+        sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out-dir", str(folder), "--max-iters", str(args.iters),
+        "--lr-decay-iters", str(args.iters), "--eval-interval", str(args.iters), "--sample-chars", "0",
+    ]  # fmt: skip
+    record = folder / "bench-command.json"
+    if not args.retrain and record.exists() and json.loads(record.read_text()) == command[1:] and checkpoint.path_in(folder).exists():
+        console.print(f"reusing the model trained in {folder}")
+        return folder
+    console.print(f"training: {' '.join(command[1:])}")
+    started = time.perf_counter()
+    subprocess.run([*command, "--force"], check=True, cwd=ROOT)
+    record.write_text(json.dumps(command[1:]))
+    console.print(f"trained in {time.perf_counter() - started:.0f} s")
+    return folder
+
+
+def load(folder, bits=None, group_size=None):
+    """The checkpoint's model in float32, or quantized to `bits`; and its tokenizer."""
+    model_state, _, meta = checkpoint.load(folder)
+    config = GPTConfig(**meta["config"])
+    model = GPT(config)
+    model.load_state_dict(model_state)
+    model.eval()
+    if bits is not None:
+        quantize_model(model, bits, group_size)
+    return model, checkpoint.tokenizer_of(meta, checkpoint.path_in(folder), config)
+
+
+def val_loss(model, val_ids):
+    """Mean cross-entropy per token over the validation split, in windows of block_size that do not
+    overlap (the last, incomplete window left out)."""
+    T = model.config.block_size
+    windows = (len(val_ids) - 1) // T
+    x = val_ids[: windows * T].reshape(windows, T).astype(np.int64)
+    y = val_ids[1 : windows * T + 1].reshape(windows, T).astype(np.int64)
+    total = 0.0
+    with mt.no_grad(), mt.using_kernels("fast"):
+        for start in range(0, windows, EVAL_WINDOWS_PER_BATCH):
+            xb, yb = x[start : start + EVAL_WINDOWS_PER_BATCH], y[start : start + EVAL_WINDOWS_PER_BATCH]
+            total += model(xb, yb)[1].item() * xb.size
+    return total / (windows * T), windows * T
+
+
+@contextmanager
+def module_path_only():
+    """Every one-token step through the modules: the decode kernel's test answers False meanwhile."""
+    original = models.gpt.decode_kernel_fits
+    models.gpt.decode_kernel_fits = lambda config: False
+    try:
+        yield
+    finally:
+        models.gpt.decode_kernel_fits = original
+
+
+def generator(model, prompt, decode_kernel):
+    def run():
+        with mt.using_kernels("fast"):
+            if decode_kernel:
+                return model.generate(prompt, NEW_TOKENS, temperature=0).data[0]
+            with module_path_only():
+                return model.generate(prompt, NEW_TOKENS, temperature=0).data[0]
+
+    return run
+
+
+def main():
+    p = parser(__doc__.splitlines()[0])
+    p.set_defaults(json=str(DEFAULT_JSON))
+    p.add_argument("--data", default=str(TINYSHAKESPEARE), help="text to train on and to take the validation split from")
+    p.add_argument("--iters", type=int, default=500, help="training steps of the model")
+    p.add_argument("--group-size", type=int, default=32, help="int4: input rows per scale")
+    p.add_argument("--checkpoint", default=None, help="a folder with a train.py checkpoint to use instead of training")
+    p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "microtensor-bench-quantize"), help="where the trained model is kept")
+    p.add_argument("--retrain", action="store_true", help="train again even if the cache folder holds the model")
+    args = p.parse_args()
+    repeat = args.repeat or DEFAULT_REPEAT
+    info = machine_info()
+    print_machine(info)
+    folder = train_once(args)
+
+    variants = {  # name: (bits, group_size)
+        "float32": (None, None),
+        "int8": (8, None),
+        "int4": (4, args.group_size),
+    }
+    models_, rows = {}, {}
+    tokenizer = None
+    for name, (bits, group_size) in variants.items():
+        models_[name], tokenizer = load(folder, bits, group_size)
+    text = load_text(args.data)
+    ids = tokenizer.encode(text, dtype=tokenizer.id_dtype)
+    val_ids = Batches(ids, models_["float32"].config.block_size).splits["val"]
+    for name, model in models_.items():
+        loss, tokens = val_loss(model, val_ids)
+        rows[name] = {"bits": variants[name][0] or 32, "group_size": variants[name][1], "weight_bytes": weight_bytes(model),
+                      "val_loss": loss, "val_tokens": tokens, "bits_per_character": loss / math.log(2)}  # fmt: skip
+        console.print(f"{name}: val loss {loss:.4f} over {tokens} tokens")
+
+    newline = tokenizer.encode("\n")
+    prompt = mt.tensor(np.array([newline], dtype=np.int64))
+    runs = {
+        "float32, decode kernel": generator(models_["float32"], prompt, decode_kernel=True),
+        "float32, modules": generator(models_["float32"], prompt, decode_kernel=False),
+        "int8, modules": generator(models_["int8"], prompt, decode_kernel=False),
+        "int4, modules": generator(models_["int4"], prompt, decode_kernel=False),
+    }
+    tokens = {name: np.asarray(run()) for name, run in runs.items()}  # also the warm-up
+    times = {name: [] for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    reference = tokens["float32, decode kernel"]
+    if not np.array_equal(tokens["float32, modules"], reference):
+        raise SystemExit("bench_quantize: float32 generates different tokens through the modules and through the decode kernel")
+    generation = {}
+    for name in runs:
+        seconds = statistics.median(times[name])
+        differ = np.flatnonzero(tokens[name][-NEW_TOKENS:] != reference[-NEW_TOKENS:])
+        generation[name] = {
+            "median_s": seconds, "tokens_per_s": NEW_TOKENS / seconds, "times_s": times[name],
+            "first_token_differing_from_float32": int(differ[0]) if differ.size else None,
+        }  # fmt: skip
+    sample = {name: tokenizer.decode(tokens[name][-NEW_TOKENS:][:80]) for name in ("float32, decode kernel", "int8, modules", "int4, modules")}
+
+    results = {
+        "checkpoint": str(folder), "iters": args.iters, "group_size": args.group_size, "new_tokens": NEW_TOKENS, "repeat": repeat,
+        "models": rows, "generation": generation, "samples": sample,
+    }  # fmt: skip
+    show(results)
+    write_json(args.json, {"machine": info, "quantize": results})
+
+
+def show(results):
+    rows, generation = results["models"], results["generation"]
+    float_bytes = rows["float32"]["weight_bytes"]["total"]
+    print()
+    print("| weights | bytes | vs float32 | val loss | Δ val loss | bits/char | tokens/s (modules) | greedy text = float32's for |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, row in rows.items():
+        label = name if name != "int4" else f"int4 (groups of {results['group_size']})"
+        gen = generation[f"{name}, modules"]
+        delta = row["val_loss"] - rows["float32"]["val_loss"]
+        first = gen["first_token_differing_from_float32"]
+        same = f"all {results['new_tokens']} tokens" if first is None else f"{first} tokens"
+        print(
+            f"| {label} | {row['weight_bytes']['total']:,} | {row['weight_bytes']['total'] / float_bytes:.3f} | {row['val_loss']:.4f} | "
+            f"{delta:+.5f} | {row['bits_per_character']:.4f} | {gen['tokens_per_s']:,.0f} | {same} |"
+        )
+    decode = generation["float32, decode kernel"]
+    print()
+    print(f"float32 through the fast set's decode kernel: {decode['tokens_per_s']:,.0f} tokens/s "
+          f"({results['new_tokens']} greedy tokens with the KV cache, median of {results['repeat']} runs)")  # fmt: skip
+    for name, row in rows.items():
+        wb = row["weight_bytes"]
+        print(f"  {name}: codes {wb['codes']:,} B + scales {wb['scales']:,} B + float {wb['float']:,} B = {wb['total']:,} B")
+    console.print()
+    for name, text in results["samples"].items():
+        console.print(f"{name}: {text!r}", highlight=False)
+
+
+if __name__ == "__main__":
+    main()
