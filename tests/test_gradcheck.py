@@ -2,6 +2,7 @@
 a student can act on."""
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -231,7 +232,10 @@ def test_a_failure_in_pytest_is_the_report_not_pages_of_source(tmp_path):
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
-    assert len(output.splitlines()) <= 25, output
+    # Newer pytest versions underline the failing expression with a line of carets: not ours to count.
+    carets = re.compile(r"^E?\s*\^+\s*$")
+    lines = [line for line in output.splitlines() if not carets.match(line)]
+    assert len(lines) <= 25, output
     assert "gradcheck failed for Square.apply (ops: Square)" in output
     assert "1 of 12 elements out of tolerance, the worst inputs[0][1, 2]" in output
     assert "Hint: f is one op: read Square.backward (test_square.py:" in output
