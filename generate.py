@@ -42,7 +42,7 @@ from train import FlagError, Interrupted, add_kernels_argument, explicit_flags, 
 
 DEFAULT_SPECULATE = 4  # the draft's proposals per round
 
-console = Console()
+console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted
 
 
 def build_parser():

@@ -58,7 +58,7 @@ from models import bpe, checkpoint, lora, loss_plot
 from models.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
 from models.gpt import GPT, POSITION_SCHEMES, GPTConfig
 
-console = Console()
+console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted
 
 
 def build_parser():

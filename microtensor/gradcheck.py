@@ -103,10 +103,13 @@ class GradcheckReport:
                 lines.append(f"  {side} gave NaN (not a number), which agrees with nothing")
             elif value is not None and math.isinf(value):
                 lines.append(f"  {side} gave {value:g}, which agrees with nothing")
-        lines += [
-            f"  Both are d sum(upstream * f) / d {element}, upstream a random array shaped like f's output",
-            f"  {self.output_shape} (seed {self.seed}): every output's derivative, weighted, not the derivative of one output.",
-        ]
+        if self.output_shape == ():  # one output: the upstream gradient is one number
+            lines.append(f"  Both are d (upstream * f) / d {element}, upstream a random number (seed {self.seed}): f's output is a scalar.")
+        else:
+            lines += [
+                f"  Both are d sum(upstream * f) / d {element}, upstream a random array shaped like f's output",
+                f"  {self.output_shape} (seed {self.seed}): every output's derivative, weighted, not the derivative of one output.",
+            ]
         hint = self._hint()
         lines.append(f"  Hint: {hint[0]}")
         lines += [f"  {line}" for line in hint[1:]]
@@ -137,7 +140,7 @@ class GradcheckReport:
                 "and read the backward of the op that fails.",
             ]
         where = f" ({self.op_source})" if self.op_source else ""
-        return [f"f is one op: read {self.ops[0] if self.ops else 'its'}.backward{where}, the gradient it returns for this input."]
+        return [f"f is one op: read {self.ops[0] if self.ops else 'its'}.backward{where} and what it calls (its kernels): they compute this input's gradient."]
 
 
 class GradcheckError(MicrotensorError, AssertionError):
@@ -383,13 +386,20 @@ class RandomDraw:
         dropped = self.integer(0, len(shape))
         return tuple(1 if self.boolean() else n for n in shape[dropped:])
 
-    def tensor(self, shape, low=-2.0, high=2.0, requires_grad=True, away_from=None, distinct=False):
+    LAYOUTS = ("contiguous", "transposed", "strided")
+
+    def layout(self):
+        """One of LAYOUTS, to give several tensors of a case the same one."""
+        return self.choice(self.LAYOUTS)
+
+    def tensor(self, shape, low=-2.0, high=2.0, requires_grad=True, away_from=None, distinct=False, layout=None):
         """A float64 tensor of uniform values in [low, high].
 
         away_from: a point (a kink, like 0 for relu) that no value comes within 0.05 of.
         distinct: values at least 4e-3 apart (for max, whose gradient jumps where two values tie).
-        About half the time the values are stored non-contiguously (transposed or strided), because
-        kernels must handle whatever layout reaches them.
+        layout: how the values are stored, one of LAYOUTS; drawn when None. About half the time
+        they are stored non-contiguously (transposed or strided), because kernels must handle
+        whatever layout reaches them.
         """
         shape = tuple(shape)
         size = int(np.prod(shape, dtype=np.int64))
@@ -400,16 +410,19 @@ class RandomDraw:
         if away_from is not None:
             too_close = np.abs(values - away_from) < 0.05
             values[too_close] = away_from + np.where(values[too_close] >= away_from, 0.05, -0.05) * 2
-        array = self._layout(values.reshape(shape))
+        array = self._layout(values.reshape(shape), layout)
         return Tensor(array, requires_grad=requires_grad)
 
     def indices(self, shape, high):
         """An int64 tensor of values in [0, high)."""
         return Tensor(self.rng.integers(0, high, size=shape).astype(np.int64))
 
-    def _layout(self, array):
-        """The same values in a randomly chosen memory layout."""
-        layout = self.choice(("contiguous", "transposed", "strided"))
+    def _layout(self, array, layout=None):
+        """The same values in the memory layout `layout` (drawn when None)."""
+        if layout is None:
+            layout = self.layout()
+        elif layout not in self.LAYOUTS:
+            raise InputError(f"RandomDraw.tensor: layout {layout!r} is not one of {self.LAYOUTS}")
         if layout == "transposed" and array.ndim >= 2:
             return np.ascontiguousarray(array.T).T
         if layout == "strided":

@@ -10,7 +10,7 @@ occur exactly once, the snippet's replacement, and the tests that should notice.
 this script copies the project into a temporary folder (the working tree is never touched),
 replaces the snippet in the copy, and runs
 
-    python -m pytest -x -q -p no:cacheprovider <the mutant's tests>
+    python -m pytest -x -q -p no:cacheprovider -n 0 <the mutant's tests>
 
 with the copy as the working directory. The mutant is *killed* when that run fails, and *survives*
 when it passes: then the tests cannot tell the bug from the real code, and a better test is needed
@@ -124,7 +124,8 @@ def environment(worker_dir, jit, threads):
 
 def pytest_command(tests, hypothesis_seed):
     # -m "slow or not slow": a mutant's tests are chosen by its -k, slow ones included (setup.cfg leaves them out by default)
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]
+    # -n 0: one process (setup.cfg's -n 2 would start workers, which cost more than a mutant's few tests)
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow", "-n", "0"]
     if hypothesis_seed != "random":
         command.append(f"--hypothesis-seed={hypothesis_seed}")
     return command + shlex.split(tests)

@@ -25,3 +25,19 @@ def kernel_set(request):
     """Run the test once with each kernel set (forward and backward both inside it)."""
     with mt.using_kernels(request.param):
         yield request.param
+
+
+@pytest.fixture(autouse=True)
+def one_thread_unless_marked(request):
+    """Run Numba's parallel kernels on one thread, except in tests marked `all_threads`.
+
+    Most tests call kernels thousands of times on tensors of a few elements (gradcheck perturbs
+    every element), where waking a second thread costs more than the work; and with two test
+    workers on two cores, each such call would wait for a core. The tests marked `all_threads`
+    (the model in both kernel sets, the engine, matmul, attention on views) run every parallel
+    loop on all threads, so the loops are still run split across threads and races would show."""
+    if request.node.get_closest_marker("all_threads"):
+        yield
+        return
+    with mt.num_threads(1):
+        yield

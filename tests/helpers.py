@@ -23,3 +23,10 @@ def fast_twin_of(readable_kernel):
         twin = active(readable_kernel)
     assert twin is not readable_kernel, f"{readable_kernel.__name__} has no fast twin"
     return twin
+
+
+# Functions whose registry cases run in the slow suite only (CI runs it too): each new shape of
+# the packed multi-head online attention compiles its two large kernels again (size-1 sides change
+# the arrays' contiguity flags), which alone would cost a minute of the default run; the default
+# run still checks it through tests/test_online_attention.py and the GPT with attention="online".
+SLOW_REGISTRY_CASES = {"MultiHeadOnlineAttention"}

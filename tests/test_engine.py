@@ -6,6 +6,8 @@ import microtensor as mt
 import microtensor.functional as F
 from microtensor import Function
 
+pytestmark = pytest.mark.all_threads  # parallel loops run split across threads here (conftest.py)
+
 
 def leaf(values, dtype=np.float64):
     return mt.tensor(np.array(values, dtype=dtype), requires_grad=True)

@@ -1919,7 +1919,10 @@ def _gradcheck(draw):
 # ================================================================================ the test
 
 
-@pytest.mark.parametrize("name", sorted(ENTRIES))
+SLOW_ENTRIES = {"multi_head_online_attention"}  # as tests/helpers.py's SLOW_REGISTRY_CASES, for the same reason
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_ENTRIES else []) for name in sorted(ENTRIES)])
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_fuzz(name, data):

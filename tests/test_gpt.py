@@ -233,6 +233,7 @@ def assert_close(name, fast, readable, tolerance):
     np.testing.assert_allclose(fast, readable, rtol=tolerance, atol=tolerance * scale, err_msg=name)
 
 
+@pytest.mark.all_threads
 @needs_the_jit
 @pytest.mark.parametrize("dtype", [mt.float64, mt.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("options", EVERY_OPTION_PARAMS)

@@ -88,6 +88,7 @@ def test_every_parameter_gradient_against_finite_differences(options):
             raise AssertionError(f"{name}: {error}") from None
 
 
+@pytest.mark.all_threads
 @needs_the_jit
 @pytest.mark.parametrize("dtype", [mt.float64, mt.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("options", COMBINATIONS)

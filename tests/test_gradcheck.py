@@ -104,6 +104,25 @@ def test_failure_reports_the_worst_element():
     assert error.report.failed == 1 and error.report.checked == 16
 
 
+def test_a_scalar_output_gets_one_random_number_as_upstream():
+    """f's output is a single number (a loss): the report says the upstream is one number, not an array of shape ()."""
+
+    class HalfSquare(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return np.asarray((x * x).sum() / 2)
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad_out  # the 1/2 forgotten: twice the gradient
+
+    text = str(gradcheck_report(HalfSquare.apply, [mt.tensor(np.linspace(0.5, 1.5, 4), requires_grad=True)]))
+    assert "Both are d (upstream * f) / d inputs[0][" in text and "upstream a random number (seed 0): f's output is a scalar." in text
+    assert "shaped like f's output" not in text, text
+
+
 def test_the_report_says_what_failed_and_what_to_do():
     with pytest.raises(GradcheckError) as info:
         gradcheck(make_function(off_by_half_at_2_3).apply, inputs())
@@ -121,7 +140,7 @@ def test_the_report_says_what_failed_and_what_to_do():
     # one op: the hint points at its backward, file and line
     source = Path(__file__).read_text()
     line = source[: source.index("        def backward(ctx, grad_out):\n            return backward(")].count("\n") + 1
-    assert f"Hint: f is one op: read Candidate.backward (tests/test_gradcheck.py:{line}), the gradient it returns" in text
+    assert f"Hint: f is one op: read Candidate.backward (tests/test_gradcheck.py:{line}) and what it calls" in text
     assert report.allowed == pytest.approx(1e-5 + 1e-3 * abs(report.numeric))
     assert report.error == pytest.approx(0.5, abs=1e-6)
     assert (report.input_name, report.shape, report.dtype, report.seed) == (None, (4, 4), "float64", 0)

@@ -17,6 +17,7 @@ import microtensor
 from microtensor.autograd import Function
 from microtensor.gradcheck import GRADCHECK_CASES, gradcheck_report
 from microtensor.tensor import Tensor
+from helpers import SLOW_REGISTRY_CASES
 from strategies import HypothesisDraw
 
 
@@ -43,7 +44,7 @@ def test_every_function_has_a_gradcheck_case():
 
 
 CASES = [
-    pytest.param(case, id=f"{function.__name__}-{case.__name__.strip('_')}")
+    pytest.param(case, id=f"{function.__name__}-{case.__name__.strip('_')}", marks=[pytest.mark.slow] if function.__name__ in SLOW_REGISTRY_CASES else [])
     for function, cases in sorted(GRADCHECK_CASES.items(), key=lambda item: item[0].__name__)
     for case in cases
 ]

@@ -19,8 +19,9 @@ import pytest
 
 import microtensor as mt
 from microtensor.gradcheck import GRADCHECK_CASES, RandomDraw
+from microtensor.ops.quantize import quantize, quantized_matmul
 from microtensor.tensor import Tensor
-from helpers import needs_jit
+from helpers import SLOW_REGISTRY_CASES, needs_jit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ FLOAT64 = dict(rtol=1e-9, atol=1e-11)
 FLOAT32 = dict(rtol=2e-4, atol=2e-5)
 
 CASES = [
-    pytest.param(function, case, id=f"{function.__name__}-{case.__name__.strip('_')}")
+    pytest.param(function, case, id=f"{function.__name__}-{case.__name__.strip('_')}", marks=[pytest.mark.slow] if function.__name__ in SLOW_REGISTRY_CASES else [])
     for function, cases in sorted(GRADCHECK_CASES.items(), key=lambda item: item[0].__name__)
     for case in cases
 ]
@@ -270,12 +271,18 @@ def compiled_kernels():
     return found
 
 
+# Kernels that compute in float64 on purpose, and why (their docstrings say so too).
+DELIBERATE_FLOAT64 = {
+    "microtensor.ops.quantize.quantize_groups": "the quotient w / s in float64, so a float32 weight gets the code a float64 one would",
+}
+
+
 @needs_jit
 def test_float32_kernels_do_their_arithmetic_in_float32():
     """A Python number literal (`1 + x`, `0.5 * x`) can make a float32 kernel compute in float64.
     Run a float32 GPT step and generation in both sets, then compile again every kernel that was
-    called with float32 arrays, for those argument types, and look at the types Numba inferred for
-    its variables and arithmetic."""
+    called with float32 arrays, for those argument types (one memory layout of each), and look at
+    the types Numba inferred for its variables and arithmetic."""
     from models.gpt import GPT, GPTConfig
 
     for kernel_set in ("readable", "fast"):
@@ -293,11 +300,20 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
 
                 x = mt.randn(3, 5, requires_grad=True)
                 (F.gelu(x, approximate="none") + F.silu(x) + F.log_softmax(x, dim=-1)).sum().backward()
+                for bits, group_size in ((8, None), (4, 2)):  # the quantized kernels of generate.py --quantize
+                    quantized_matmul(mt.randn(2, 4), quantize(mt.randn(4, 3), bits, group_size))
     promoted, checked = {}, 0
     for name, dispatcher in compiled_kernels().items():
+        if name in DELIBERATE_FLOAT64:
+            continue
+        seen = set()  # the arithmetic's types do not depend on the arrays' layouts: one of each is enough
         for signature in dispatcher.signatures:
             if not any(isinstance(t, numba.types.Array) and t.dtype == numba.float32 for t in signature):
                 continue
+            without_layouts = tuple((t.dtype, t.ndim) if isinstance(t, numba.types.Array) else t for t in signature)
+            if without_layouts in seen:
+                continue
+            seen.add(without_layouts)
             fresh = numba.njit(dispatcher.py_func)  # a compilation of our own, with type annotations
             fresh.compile(signature)
             checked += 1

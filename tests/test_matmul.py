@@ -22,6 +22,8 @@ from microtensor.ops import matmul as readable
 from microtensor.ops.matmul import matmul_reference
 from helpers import needs_jit, randn
 
+pytestmark = pytest.mark.all_threads  # parallel loops run split across threads here (conftest.py)
+
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
 
 

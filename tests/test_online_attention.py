@@ -267,6 +267,7 @@ def output_arrays(dtype, B=2, H=4, Hk=2, Tq=13, Tk=17, D=3):
     return out, log_sum_exp, grad_q, grad_kv[0], grad_kv[1]
 
 
+@pytest.mark.all_threads
 @needs_jit
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("causal", [True, False])

@@ -411,7 +411,8 @@ def _attention_case(draw):
     Tk = Tq + draw.integer(0, 2)
     causal = draw.boolean()
     slopes = _draw_slopes(draw, H)
-    q, k, v = draw.tensor((B, H, Tq, D)), draw.tensor((B, Hk, Tk, D)), draw.tensor((B, Hk, Tk, D))
+    layout = draw.layout()  # one for all three: each mix of layouts would compile the kernels again
+    q, k, v = (draw.tensor(shape, layout=layout) for shape in ((B, H, Tq, D), (B, Hk, Tk, D), (B, Hk, Tk, D)))
     return (lambda q, k, v: scaled_dot_product_attention(q, k, v, causal, slopes)), (q, k, v)
 
 

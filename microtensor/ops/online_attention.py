@@ -380,7 +380,8 @@ def _online_attention_case(draw):
     causal = draw.boolean()
     tile_size = draw.integer(1, 3)
     slopes = [draw.choice((0.0, 0.25, 0.5)) for _ in range(H)] if draw.boolean() else None
-    q, k, v = draw.tensor((B, H, Tq, D)), draw.tensor((B, Hk, Tk, D)), draw.tensor((B, Hk, Tk, D))
+    layout = draw.layout()  # one for all three: each mix of layouts would compile the kernels again
+    q, k, v = (draw.tensor(shape, layout=layout) for shape in ((B, H, Tq, D), (B, Hk, Tk, D), (B, Hk, Tk, D)))
     return (lambda q, k, v: online_attention(q, k, v, causal, slopes, tile_size)), (q, k, v)
 
 
