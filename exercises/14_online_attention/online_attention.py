@@ -1,0 +1,104 @@
+"""Exercise 14: online-softmax attention with O(T) memory. The task is in README.md; write the TODO below.
+
+    per query row i, walking the keys in tiles J:   m_new = max(m, max_(j in J) S_ij)
+        ℓ   <- e^(m - m_new) ℓ   + sum_(j in J) e^(S_ij - m_new)
+        acc <- e^(m - m_new) acc + sum_(j in J) e^(S_ij - m_new) v_j
+    O_i = acc / ℓ        L_i = m + log ℓ   (all backward needs of P: P_ij = e^(S_ij - L_i))
+"""
+import math
+
+import numpy as np
+
+from microtensor.autograd import Function
+from microtensor.errors import InputError
+from microtensor.kernels import kernel
+
+
+@kernel
+def online_attention_forward(q, k, v, scale, causal, tile, out, log_sum_exp):
+    """q, k, v (B, H, T, D) -> out (B, H, T, D), and log_sum_exp (B, H, T): L_i = m + log ℓ of
+    each query row. scale = 1/√D; causal: query i sees the keys j <= i; tile: keys per tile."""
+    # TODO: for every (b, h) and query row i, walk the keys the row may see (j <= i when causal,
+    # all T otherwise) in tiles of `tile` keys (the last tile may be shorter), keeping the running
+    # max m, the running sum ℓ and the unnormalized output acc (D,) as README's update says: the
+    # tile's scores and their max, m_new, the factor e^(m - m_new) applied to ℓ and acc, the tile's
+    # terms added, m = m_new. At the end write O_i = acc / ℓ into out[b, h, i] and
+    # L_i = m + log ℓ into log_sum_exp[b, h, i]. Scratch: at most one tile of scores,
+    # np.empty(tile, dtype=q.dtype). Typed constants: q.dtype.type(0), q.dtype.type(-np.inf).
+    raise NotImplementedError("TODO: online_attention_forward (exercise 14)")
+
+
+@kernel
+def online_attention_backward(grad_out, q, k, v, out, log_sum_exp, scale, causal, tile, grad_q, grad_k, grad_v):
+    """grad_out = dL/dO (B, H, T, D) -> grad_q, grad_k, grad_v (B, H, T, D), from q, k, v and what
+    the forward saved: out (B, H, T, D) and log_sum_exp (B, H, T). P is recomputed tile by tile,
+    P_ij = e^(S_ij - L_i), and never stored whole."""
+    B, H, T, D = q.shape
+    zero = q.dtype.type(0)
+    probs = np.empty(tile, dtype=q.dtype)  # P_ij of one tile of keys, for one query, recomputed
+    for b in range(B):
+        for h in range(H):
+            grad_k[b, h, :, :] = 0  # dk_j and dv_j add up over the queries i
+            grad_v[b, h, :, :] = 0
+            for i in range(T):
+                last = i if causal else T - 1
+                # D_i = dO_i · O_i, which equals sum_j P_ij dP_ij: the softmax's row term, no row of P needed
+                row_dot = zero
+                for d in range(D):
+                    row_dot += grad_out[b, h, i, d] * out[b, h, i, d]
+                for d in range(D):
+                    grad_q[b, h, i, d] = 0
+                for start in range(0, last + 1, tile):
+                    stop = min(start + tile, last + 1)
+                    # the tile's P_ij = e^(S_ij - L_i), from the scores and the saved L_i
+                    for j in range(start, stop):
+                        dot = zero
+                        for d in range(D):
+                            dot += q[b, h, i, d] * k[b, h, j, d]
+                        probs[j - start] = np.exp(dot * scale - log_sum_exp[b, h, i])
+                    for j in range(start, stop):
+                        p = probs[j - start]
+                        dp = zero  # dP_ij = dO_i · v_j   (from O = P v)
+                        for d in range(D):
+                            dp += grad_out[b, h, i, d] * v[b, h, j, d]
+                        d_score = p * (dp - row_dot)  # dS_ij = P_ij (dP_ij - D_i)
+                        for d in range(D):
+                            grad_q[b, h, i, d] += d_score * scale * k[b, h, j, d]
+                            grad_k[b, h, j, d] += d_score * scale * q[b, h, i, d]
+                            grad_v[b, h, j, d] += p * grad_out[b, h, i, d]
+
+
+class OnlineAttention(Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, tile):
+        B, H, T, D = q.shape
+        scale = q.dtype.type(1 / math.sqrt(D))  # the 1/√D of S = q kᵀ / √D, in q's float type
+        out = np.empty((B, H, T, D), dtype=q.dtype)
+        log_sum_exp = np.empty((B, H, T), dtype=q.dtype)  # L: one number per query row
+        online_attention_forward(q, k, v, scale, causal, tile, out, log_sum_exp)
+        ctx.save_for_backward(q, k, v, out, log_sum_exp)  # nothing of size T × T
+        ctx.scale, ctx.causal, ctx.tile = scale, causal, tile
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, log_sum_exp = ctx.saved_tensors
+        grad_q, grad_k, grad_v = np.empty(q.shape, q.dtype), np.empty(k.shape, k.dtype), np.empty(v.shape, v.dtype)
+        online_attention_backward(
+            np.ascontiguousarray(grad_out), q, k, v, out, log_sum_exp, ctx.scale, ctx.causal, ctx.tile, grad_q, grad_k, grad_v
+        )
+        return grad_q, grad_k, grad_v, None, None
+
+
+def online_attention(q, k, v, causal=True, tile=2):
+    """softmax(q kᵀ / √D, causally masked or not) v for q, k, v (B, H, T, D), walking the keys in
+    tiles of `tile` (an int >= 1), keeping O and one log-sum-exp per row for backward."""
+    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise InputError(f"online_attention: expected q, k, v of one shape (B, H, T, D), got {q.shape}, {k.shape}, {v.shape}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"online_attention: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not isinstance(tile, int) or isinstance(tile, bool) or tile < 1:
+        raise InputError(f"online_attention: tile must be an int >= 1, got {tile!r}")
+    if not isinstance(causal, bool):
+        raise InputError(f"online_attention: causal must be True or False, got {causal!r}")
+    return OnlineAttention.apply(q, k, v, causal, tile)

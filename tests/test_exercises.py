@@ -1,0 +1,173 @@
+"""The class exercises: every one is complete, fails on the student's untouched file and passes on
+the reference solution (compiled here; as plain Python in CI's NUMBA_DISABLE_JIT=1 run)."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exercises import catalog
+from exercises.runner import run_checks, status_of
+from microtensor.gradcheck import GRADCHECK_CASES
+
+EXERCISES = catalog.all_exercises()
+ROOT = Path(__file__).resolve().parent.parent
+needs_solutions = pytest.mark.skipif(
+    not catalog.SOLUTIONS_DIR.exists(), reason="a handed-out copy: the reference solutions were removed"
+)
+
+
+@pytest.fixture(autouse=True)
+def registry_untouched():
+    """An exercise's file registers its gradcheck cases; the package's own registry tests must not see them."""
+    saved = dict(GRADCHECK_CASES)
+    yield
+    GRADCHECK_CASES.clear()
+    GRADCHECK_CASES.update(saved)
+
+
+def test_there_are_at_least_fourteen_exercises_numbered_in_order():
+    assert len(EXERCISES) >= 14
+    assert [e.number for e in EXERCISES] == list(range(1, len(EXERCISES) + 1))
+
+
+@needs_solutions
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.key)
+def test_an_exercise_has_its_task_hint_checks_and_solution(exercise):
+    folder = exercise.folder
+    readme = (folder / "README.md").read_text()
+    assert readme.startswith(f"# {exercise.number}. "), "the task's title starts with its number"
+    assert f"about {exercise.minutes} minutes" in readme, "the task says how long it takes"
+    assert f"python -m exercises check {exercise.name}" in readme, "the task says how to check it"
+    assert (folder / "HINT.md").read_text().strip()
+    assert exercise.checks_path().exists()
+    assert exercise.solution_path().exists()
+    assert len(exercise.topic) <= 44 and 10 <= exercise.minutes <= 90
+    assert exercise.todos >= 1 and exercise.todos_left() == exercise.todos, "the handed-out file keeps all its TODOs"
+    assert exercise.todos_left(exercise.solution_path()) == 0, "the solution has no TODO left"
+    checks = exercise.checks_path().read_text()
+    assert "solutions" not in checks, "the checks never import the solution"
+    assert "solutions" not in exercise.student_path().read_text()
+    assert len(re.findall(r"^def test_", checks, re.M)) >= 3
+    if exercise.backward:
+        assert "gradcheck(" in checks, "an exercise with a backward checks it with gradcheck (a random upstream gradient)"
+    else:
+        assert re.search(r"no backward|nothing is differentiated", readme), "the task says why there is no gradient check"
+
+
+@needs_solutions
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.key)
+def test_untouched_fails_and_solution_passes(exercise):
+    assert status_of(exercise) == "not started"
+    student = run_checks(exercise, "student")
+    assert not all(r.passed for r in student), f"{exercise.key}: every check passes on the untouched student file"
+    assert any(r.todo for r in student), f"{exercise.key}: no check reached a TODO"
+    solution = run_checks(exercise, "solution")
+    failed = [f"{r.name}: {r.message}" for r in solution if not r.passed]
+    assert not failed, f"{exercise.key}: the reference solution fails:\n" + "\n".join(failed)
+
+
+def _exercises(*args, env=None):
+    environment = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "exercises", *args], cwd=ROOT, env=environment,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+@needs_solutions
+def test_list_shows_every_exercise_with_topic_time_and_status():
+    result = _exercises("list")
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if re.match(r"^\d\d_", line)]
+    assert len(rows) == len(EXERCISES)
+    for exercise, row in zip(EXERCISES, rows):
+        assert row.startswith(exercise.key) and exercise.topic in row and f"{exercise.minutes} min" in row
+        assert row.endswith("not started"), row
+
+
+@needs_solutions
+def test_check_gives_a_verdict_and_the_first_failing_check_in_words():
+    result = _exercises("check", "tanh", "--python")
+    assert result.returncode == 1
+    out = result.stdout
+    assert "1. The backward of tanh: your file exercises/01_tanh/tanh.py, as plain Python" in out
+    assert "Verdict: failing, 1 of 5 checks pass." in out
+    assert "First failing check: gradcheck: the backward against finite differences" in out
+    assert "not written yet: TODO: tanh_backward (exercise 1)" in out
+    assert 'tanh.py:22, in tanh_backward: raise NotImplementedError("TODO: tanh_backward (exercise 1)")' in out
+
+
+@needs_solutions
+def test_check_solution_passes_as_python_and_compiled():
+    result = _exercises("check", "01", "--solution")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "as plain Python (NUMBA_DISABLE_JIT=1)" in result.stdout and "compiled by Numba" in result.stdout
+    assert result.stdout.count("Verdict: passing, all 5 checks") == 2
+
+
+@needs_solutions
+def test_a_wrong_answer_is_reported_with_gradchecks_report(tmp_path, monkeypatch):
+    """A student's plausible mistake (the square forgotten) gives gradcheck's report, not a traceback."""
+    exercise = catalog.find("tanh")
+    wrong = exercise.solution_path().read_text().replace("(one - y[i] * y[i])", "(one - y[i])")
+    assert wrong != exercise.solution_path().read_text()
+    (tmp_path / exercise.file).write_text(wrong)
+    monkeypatch.setattr(catalog.Exercise, "student_path", lambda self: tmp_path / self.file)
+    results = run_checks(exercise, "student")
+    failed = [r for r in results if not r.passed]
+    assert failed and not any(r.todo for r in failed)
+    assert "gradcheck failed for tanh" in failed[0].message and "analytic (backward)" in failed[0].message
+    assert status_of(exercise, results) == "failing"
+
+
+def test_unknown_names_and_removed_solutions_are_clear_errors(tmp_path, monkeypatch):
+    result = _exercises("check", "no_such_thing")
+    assert result.returncode == 2
+    assert "no exercise called 'no_such_thing'; the exercises are: 01_tanh" in result.stderr
+    monkeypatch.setattr(catalog, "SOLUTIONS_DIR", tmp_path / "solutions")
+    with pytest.raises(catalog.SolutionMissing, match=r"no reference solution for 01_tanh: .* does not exist"):
+        catalog.find("1").solution_path()
+
+
+def test_names_are_found_by_number_name_or_folder():
+    assert catalog.find("1") == catalog.find("01") == catalog.find("tanh") == catalog.find("01_tanh")
+
+
+@needs_solutions
+def test_handout_copies_the_project_without_solutions(tmp_path):
+    result = _exercises("handout", str(tmp_path / "class"))
+    assert result.returncode == 0, result.stderr
+    copy = tmp_path / "class"
+    assert (copy / "exercises" / "01_tanh" / "tanh.py").exists() and (copy / "microtensor").is_dir()
+    assert not (copy / "exercises" / "solutions").exists() and not (copy / ".git").exists()
+    checked = subprocess.run(
+        [sys.executable, "-m", "exercises", "check", "tanh", "--solution"], cwd=copy,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 2 and "no reference solution for 01_tanh" in checked.stderr
+    again = _exercises("handout", str(copy))
+    assert again.returncode == 2 and "exists already" in again.stderr
+
+
+def test_the_teachers_page_lists_the_exercises_as_they_are():
+    from exercises.__main__ import markdown_table
+
+    page = (ROOT / "docs" / "teaching.md").read_text()
+    assert markdown_table() in page, "docs/teaching.md's table: paste `python -m exercises list --markdown` again"
+
+
+def test_exercise_facts_are_read_and_bad_ones_named(tmp_path):
+    facts = tmp_path / "exercise.toml"
+    facts.write_text('title = "C# in #2"  # a comment\ntopic = "t"\nminutes = 20  # m\nfile = "a.py"\ntodos = 2\nbackward = false\n')
+    assert catalog.read_facts(facts) == dict(title="C# in #2", topic="t", minutes=20, file="a.py", todos=2, backward=False)
+    facts.write_text('title = unquoted words\n')
+    with pytest.raises(catalog.BrokenExercise, match=r"exercise.toml:1: expected `key = \"text\"` or `key = number`, got 'title = unquoted words'"):
+        catalog.read_facts(facts)
+    facts.write_text('title = "t"\n')
+    with pytest.raises(catalog.BrokenExercise, match="missing topic, minutes, file, todos"):
+        catalog.read_facts(facts)
+    with pytest.raises(catalog.BrokenExercise, match="no exercise.toml; every exercise folder needs one"):
+        catalog.read_facts(tmp_path / "nowhere" / "exercise.toml")
