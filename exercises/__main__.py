@@ -33,12 +33,10 @@ def _run(name, solution, plain_python, extra=()):
 
 def check(args):
     exercise = catalog.find(args.name)
-    if args.solution:
-        exercise.solution_path()  # says so now if the solutions were removed
+    path = exercise.solution_path() if args.solution else exercise.student_path()  # says so now if solutions were removed
     if args.pdb:  # breakpoints and post-mortem frames exist only in plain Python
         return _run(exercise.key, args.solution, plain_python=True, extra=["--pdb"])
     modes = [True, False] if not (args.python or args.numba) else [args.python]
-    path = exercise.solution_path() if args.solution else exercise.student_path()
     if modes == [True, False] and "@kernel" not in path.read_text():
         modes = [True]  # numpy code only: a compiled run would run the very same code again
     for plain_python in modes:
@@ -55,14 +53,14 @@ def check(args):
 
 def check_all(args):
     """Every exercise, one line each: what a teacher reads when grading a student's folder."""
-    from .runner import run_checks, status_of  # imports microtensor: only when needed
+    from .runner import run_checks  # imports microtensor: only when needed
 
     failures = 0
     exercises = catalog.all_exercises()
     width = max(len(e.key) for e in exercises)
+    source = "solution" if args.solution else "student"
     for exercise in exercises:
-        source = "solution" if args.solution else "student"
-        if source == "student" and status_of(exercise, results=[]) == "not started":
+        if source == "student" and exercise.not_started():
             print(f"{exercise.key:<{width}}  not started")
             failures += 1
             continue

@@ -55,6 +55,10 @@ class Exercise:
         """The TODO raises still in the student's file: as many as handed out means not started."""
         return len(TODO_RAISE.findall((path or self.student_path()).read_text()))
 
+    def not_started(self):
+        """True while every TODO raise handed out is still in the student's file."""
+        return self.todos > 0 and self.todos_left() >= self.todos
+
 
 FACTS = ("title", "topic", "minutes", "file", "todos")
 

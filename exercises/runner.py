@@ -103,7 +103,7 @@ def run_checks(exercise, source="student"):
 
 def status_of(exercise, results=None):
     """not started (the file's TODOs are all still there), failing or passing."""
-    if exercise.todos_left() >= exercise.todos and exercise.todos > 0:
+    if exercise.not_started():
         return "not started"
     results = run_checks(exercise) if results is None else results
     return "passing" if all(r.passed for r in results) else "failing"

@@ -21,6 +21,7 @@ import pytest
 import microtensor as mt
 from microtensor import optim
 from microtensor.errors import MicrotensorError
+from helpers import rewrite_checkpoint as rewrite
 from models import checkpoint
 from models.gpt import GPT, GPTConfig
 
@@ -34,15 +35,6 @@ def save_tiny(folder, iteration=3, dtype=mt.float32, **meta):
     model = GPT(CONFIG, dtype=dtype)
     checkpoint.save(folder, model, optim.AdamW(model.parameters()), {"iteration": iteration, "config": CONFIG.to_dict(), "vocab": VOCAB, **meta})
     return model
-
-
-def rewrite(folder, change):
-    """Rewrite folder's checkpoint with change(arrays) applied to its raw entries (no checks on the way)."""
-    path = checkpoint.path_in(folder)
-    with np.load(path) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    change(arrays)
-    np.savez(path, **arrays)
 
 
 def change_meta(**fields):

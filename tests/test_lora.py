@@ -16,7 +16,7 @@ from microtensor.gradcheck import GRADCHECK_CASES, RandomDraw
 from microtensor.nn import StateDictError
 from microtensor.ops.lora import LoRALinear as LoRALinearOp
 from microtensor.ops.lora import lora_linear, lora_linear_reference
-from helpers import needs_jit
+from helpers import needs_jit, rewrite_checkpoint as rewrite
 from models import checkpoint
 from models.gpt import GPT, GPTConfig
 from models.lora import (
@@ -344,14 +344,6 @@ def test_an_adapter_checkpoint_holds_the_adapters_and_loads_with_its_base(tmp_pa
     np.testing.assert_allclose(merged(ids())[0].data, adapted(ids())[0].data, rtol=0, atol=1e-5)
     plain, _, _ = checkpoint.load_model(tmp_path / "base")
     np.testing.assert_array_equal(plain(ids())[0].data, base(ids())[0].data)
-
-
-def rewrite(folder, change):
-    path = checkpoint.path_in(folder)
-    with np.load(path) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    change(arrays)
-    np.savez(path, **arrays)
 
 
 def change_lora_meta(**fields):

@@ -361,28 +361,44 @@ def scaled_dot_product_attention(q, k, v, causal=True, alibi_slopes=None):
     empty result, except D = 0 (no 1/√D) and Tk = 0 with Tq > 0 (a query that sees no key has no
     softmax)."""
     op = "scaled_dot_product_attention"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(op, t, name)
-        check_ndim(op, name, t, (4,), "a 4-d Tensor (B, H, T, D)")
-    check_float(op, q, k, v)
-    causal = check_flag(op, "causal", causal)
-    (B, H, Tq, D), (_, Hk, Tk, _) = q.shape, k.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
-        raise InputError(
-            f"{op}: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit "
-            "(expected q (B, H, Tq, D) and k, v both (B, Hk, Tk, D))"
-        )
+    causal = check_query_key_value(op, q, k, v, causal)
+    H, Hk = q.shape[1], k.shape[1]
     if (Hk == 0 and H != 0) or (Hk > 0 and (H % Hk or H < Hk)):
         raise InputError(
             f"{op}: q's {H} heads must be a whole number of groups of k and v's {Hk} heads "
             f"(H a multiple of Hk: q {q.shape}, k {k.shape})"
         )
+    check_query_key_lengths(op, q, k, causal)
+    slopes = check_alibi_slopes(op, alibi_slopes, H, q.dtype)
+    return ScaledDotProductAttention.apply(q, k, v, causal, slopes)
+
+
+def check_query_key_value(op, q, k, v, causal):
+    """The first checks of an attention op (this one's and online_attention's): q (B, H, Tq, D)
+    and k, v (B, Hk, Tk, D), float Tensors of one dtype, causal a bool (returned). The heads come
+    next, checked by each op, then check_query_key_lengths."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(op, t, name)
+        check_ndim(op, name, t, (4,), "a 4-d Tensor (B, H, T, D)")
+    check_float(op, q, k, v)
+    causal = check_flag(op, "causal", causal)
+    B, D = q.shape[0], q.shape[3]
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise InputError(
+            f"{op}: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit "
+            "(expected q (B, H, Tq, D) and k, v both (B, Hk, Tk, D))"
+        )
+    return causal
+
+
+def check_query_key_lengths(op, q, k, causal):
+    """The last checks of an attention op: causal queries are the last Tq of Tk >= Tq positions,
+    and a query that is there needs a key and a head size D >= 1."""
+    (B, H, Tq, D), Tk = q.shape, k.shape[2]
     if causal and Tk < Tq:
         raise InputError(f"{op}: causal attention needs Tk >= Tq, got Tq {Tq} and Tk {Tk}")
     if D == 0 or (Tk == 0 and Tq > 0 and B * H > 0):
         raise InputError(f"{op}: empty input (q {q.shape}, k {k.shape}): D and Tk must be >= 1 when there are queries")
-    slopes = check_alibi_slopes(op, alibi_slopes, H, q.dtype)
-    return ScaledDotProductAttention.apply(q, k, v, causal, slopes)
 
 
 # --------------------------------------------------------------------------------- gradcheck cases

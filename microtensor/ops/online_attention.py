@@ -90,7 +90,7 @@ from ..autograd import Function
 from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from .attention import check_alibi_slopes
+from .attention import check_alibi_slopes, check_query_key_lengths, check_query_key_value
 from .checks import check_flag, check_float, check_int, check_ndim, check_tensor
 
 # Keys per tile (and queries per tile, in the fast set). The fast backward's two 128 × 128 blocks
@@ -316,23 +316,11 @@ def online_attention(q, k, v, causal=True, alibi_slopes=None, tile_size=None):
     Sizes of 0 give an empty result, except D = 0 (no 1/√D), Hk = 0 (no head to read) and Tk = 0
     with Tq > 0 (a query that sees no key has no softmax)."""
     op = "online_attention"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(op, t, name)
-        check_ndim(op, name, t, (4,), "a 4-d Tensor (B, H, T, D)")
-    check_float(op, q, k, v)
-    causal = check_flag(op, "causal", causal)
-    (B, H, Tq, D), (Hk, Tk) = q.shape, k.shape[1:3]
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
-        raise InputError(
-            f"{op}: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit "
-            "(expected q (B, H, Tq, D) and k, v both (B, Hk, Tk, D))"
-        )
+    causal = check_query_key_value(op, q, k, v, causal)  # the standard op's checks, as for the slopes
+    H, Hk, Tk = q.shape[1], k.shape[1], k.shape[2]
     if Hk == 0 or H % Hk:
         raise InputError(f"{op}: k and v have {Hk} heads, which must be >= 1 and divide q's {H} heads (q {q.shape}, k {k.shape})")
-    if causal and Tk < Tq:
-        raise InputError(f"{op}: causal attention needs Tk >= Tq, got Tq {Tq} and Tk {Tk}")
-    if D == 0 or (Tk == 0 and Tq > 0 and B * H > 0):
-        raise InputError(f"{op}: empty input (q {q.shape}, k {k.shape}): D and Tk must be >= 1 when there are queries")
+    check_query_key_lengths(op, q, k, causal)
     slopes = check_alibi_slopes(op, alibi_slopes, H, q.dtype)  # the standard op's check: one API, one validation
     tile_size = check_tile_size(op, tile_size, Tk)
     return OnlineAttention.apply(q, k, v, causal, slopes, tile_size)
