@@ -25,7 +25,8 @@ Why each choice:
   unchanged: by the mutants outside microtensor/, and by the baseline.
 - A mutant of a readable kernel runs with NUMBA_DISABLE_JIT=1 when its tests need nothing else:
   any edit in microtensor/ makes every kernel compile again, and the plain Python kernels on the
-  tests' small inputs cost less than compiling them. A mutant of a fast twin runs compiled.
+  tests' small inputs cost less than compiling them. A mutant of a fast twin runs compiled. Both
+  draw as many hypothesis examples as the default test run.
 - Hypothesis draws from a fixed seed (--hypothesis-seed, default 0), so a kill is repeatable; run
   with `--hypothesis-seed random` to check that a kill does not depend on the seed.
 - Each run gets cpus / jobs threads (NUMBA_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS), so
@@ -115,6 +116,9 @@ def environment(worker_dir, jit, threads):
         env.pop(name, None)  # the defaults the tests expect; the copy is found first on sys.path
     if not jit:
         env["NUMBA_DISABLE_JIT"] = "1"
+    # As many hypothesis examples as a compiled run draws (tests/conftest.py would take its
+    # "nojit" profile's fewer): a kill must not hinge on a handful of draws.
+    env["HYPOTHESIS_PROFILE"] = "default"
     env["NUMBA_CACHE_DIR"] = str(worker_dir / "numba-cache")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

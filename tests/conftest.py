@@ -8,9 +8,13 @@ import microtensor as mt
 
 # The first call of a kernel compiles it, so no example may be timed out; examples are few so
 # that the whole suite (and its run under NUMBA_DISABLE_JIT=1) stays within minutes.
-settings.register_profile("default", deadline=None, max_examples=25, print_blob=True)
-settings.register_profile("nojit", deadline=None, max_examples=8, print_blob=True)
-settings.register_profile("thorough", deadline=None, max_examples=300, print_blob=True)
+# Each profile starts from hypothesis's own defaults, not from whatever profile it loaded: where a
+# CI variable is set, hypothesis loads its "ci" profile, whose derandomize=True would make
+# --hypothesis-seed a no-op and give CI other draws than the same command anywhere else.
+HYPOTHESIS_DEFAULTS = settings.get_profile("default")
+settings.register_profile("default", HYPOTHESIS_DEFAULTS, deadline=None, max_examples=25, print_blob=True)
+settings.register_profile("nojit", HYPOTHESIS_DEFAULTS, deadline=None, max_examples=8, print_blob=True)
+settings.register_profile("thorough", HYPOTHESIS_DEFAULTS, deadline=None, max_examples=300, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nojit" if os.environ.get("NUMBA_DISABLE_JIT") == "1" else "default"))
 
 
