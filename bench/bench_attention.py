@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from run_all import conditions_line
+
 HERE = Path(__file__).resolve().parent
 B, H, D = 1, 4, 32
 T_VALUES = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -196,14 +198,18 @@ def print_row(r):
     print("  " + " | ".join(row_cells(r)), flush=True)
 
 
-def markdown(rows):
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if i != 1 else "---" for i in range(len(COLUMNS))) + "|"]
+def markdown(data):
+    """The tables of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    rows, shape = data["rows"], data["shape"]
+    lines = [f"Causal attention, B = {shape['B']}, H = {shape['H']}, D = {shape['D']}, {shape['dtype']}; forward+backward:", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if i != 1 else "---" for i in range(len(COLUMNS))) + "|"]
     lines += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
     tiled = [r for r in rows if "online_by_tile_size_s" in r]
     if tiled:
         sizes = list(tiled[0]["online_by_tile_size_s"])
         lines += ["", "| T | " + " | ".join(f"ms online, tile {s}" for s in sizes) + " |", "|---:|" + "---:|" * len(sizes)]
         lines += ["| " + " | ".join([str(r["T"])] + [fmt_ms(r["online_by_tile_size_s"][s]) for s in sizes]) + " |" for r in tiled]
+    lines += ["", conditions_line(data["machine"])]
     return "\n".join(lines)
 
 
@@ -218,10 +224,9 @@ def main():
     info = machine_info()
     print_machine(info)
     print(f"causal attention, B = {B}, H = {H}, D = {D}, float32; forward+backward", flush=True)
-    rows = measure(args)
-    table = markdown(rows)
-    print(table)
-    write_json(args.json, {"machine": info, "shape": {"B": B, "H": H, "D": D, "dtype": "float32", "causal": True}, "rows": rows, "markdown": table})
+    data = {"machine": info, "shape": {"B": B, "H": H, "D": D, "dtype": "float32", "causal": True}, "rows": measure(args)}
+    print(markdown(data))
+    write_json(args.json, data)
 
 
 if __name__ == "__main__":

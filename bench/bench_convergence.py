@@ -6,14 +6,14 @@ and report the final validation loss (target <= 1.90) and the training tokens/s.
 The data default is ../shared/data/tinyshakespeare.txt beside the project when it is there;
 --data takes any text file (or 'shakespeare' for the corpus train.py fetches).
 """
-from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+from common import TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import tempfile
+from pathlib import Path
 
 from rich.table import Table
 
 import train
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
         )
         results = train.train(train_args)
     summary = {key: results[key] for key in ("steps", "final_train_loss", "final_val_loss", "tokens_per_s", "train_time_s", "wall_time_s")}
-    summary["data"] = args.data
+    summary["data"] = Path(args.data).name
     table = Table(title=f"default recipe, {summary['steps']} steps on {args.data}")
     table.add_column("measure")
     table.add_column("value", justify="right")

@@ -22,6 +22,7 @@ import statistics
 import time
 
 import numpy as np
+from run_all import conditions_line
 
 import microtensor as mt
 from models import gpt as gpt_module
@@ -113,13 +114,21 @@ def measure(repeat):
     return results
 
 
-def show(results, repeat):
-    print(f"\nGreedy generation, {NEW_TOKENS} tokens, batch 1, KV cache, fast set; medians of {repeat} runs\n")
-    print("| variant | kernel tokens/s | fallback tokens/s | kernel / fallback |")
-    print("|---|---:|---:|---:|")
-    for name, row in results.items():
-        print(f"| {LABELS[name]} | {row['kernel_tokens_per_s']:,.0f} | {row['fallback_tokens_per_s']:,.0f} | {row['kernel_vs_fallback']:.1f}× |")
-    print()
+def markdown(data):
+    """The table of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    settings = data["settings"]
+    lines = [
+        f"Greedy generation, {settings['tokens']} tokens, batch 1, KV cache, fast set; medians of {settings['repeat']} runs:",
+        "",
+        "| variant | kernel tokens/s | fallback tokens/s | kernel / fallback |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in data["decode_variants"].items():
+        lines.append(
+            f"| {LABELS.get(name, name)} | {row['kernel_tokens_per_s']:,.0f} | {row['fallback_tokens_per_s']:,.0f} | {row['kernel_vs_fallback']:.1f}× |"
+        )
+    lines += ["", conditions_line(data["machine"])]
+    return "\n".join(lines)
 
 
 def main():
@@ -128,10 +137,10 @@ def main():
     repeat = args.repeat or DEFAULT_REPEAT
     info = machine_info()
     print_machine(info)
-    results = measure(repeat)
-    show(results, repeat)
     settings = {"recipe": RECIPE, "variants": VARIANTS, "tokens": NEW_TOKENS, "repeat": repeat}
-    write_json(args.json or DEFAULT_JSON, {"machine": info, "settings": settings, "decode_variants": results})
+    data = {"machine": info, "settings": settings, "decode_variants": measure(repeat)}
+    print(f"\n{markdown(data)}\n")
+    write_json(args.json or DEFAULT_JSON, data)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ the target through the decode kernel, the target's forward of k + 1 tokens throu
 
 Writes bench/results/decoding.json (or --json FILE) and prints markdown tables.
 """
-from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import json
 import os
 import statistics
@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from run_all import conditions_line
 
 import microtensor as mt
 from models import checkpoint
 from models.decoding import WindowedCache, beam_search, log_softmax, speculative_generate
 from models.gpt import GPT, GPTConfig
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 DEFAULT_JSON = ROOT / "bench" / "results" / "decoding.json"
 TARGET_FLAGS = []  # the default recipe
 DRAFT_FLAGS = ["--n-layer", "1", "--n-head", "4", "--n-embd", "64"]
@@ -210,33 +210,41 @@ def measure_costs(target, draft, prompt):
     return costs
 
 
-def show(beams, speculative, costs, meta):
-    print(f"\nBeam search: summed log-probability of {BEAM_TOKENS} new tokens, mean over {PROMPTS} validation prompts\n")
-    print("| beams K | log-probability | greedy | beam − greedy | prompts where beam > greedy | median time |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for row in beams:
-        print(
+def markdown(data):
+    """The three tables of a run's JSON (the dict main() writes), and the conditions they ran under."""
+    settings = data["settings"]
+    lines = [
+        f"Beam search: summed log-probability of {settings['beam_tokens']} new tokens, mean over {settings['prompts']} validation prompts:",
+        "",
+        "| beams K | log-probability | greedy | beam − greedy | prompts where beam > greedy | median time (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["beam_search"]:
+        lines.append(
             f"| {row['beam_width']} | {row['mean_logprob']:.2f} | {row['mean_greedy_logprob']:.2f} | {row['mean_gain_over_greedy']:+.2f} "
-            f"| {row['prompts_beating_greedy']} of {PROMPTS} | {row['median_seconds'] * 1e3:.0f} ms |"
+            f"| {row['prompts_beating_greedy']} of {settings['prompts']} | {row['median_seconds'] * 1e3:,.0f} |"
         )
-    print(f"\nSpeculative decoding: {meta['speculative_tokens']} new tokens after each of {PROMPTS} prompts; medians of {meta['repeat']} runs\n")
-    print("| temperature | k | acceptance rate | tokens per target forward | tokens/s | speed-up vs target alone | output = greedy |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
-    for row in speculative:
+    lines += [
+        "",
+        f"Speculative decoding: {settings['speculative_tokens']} new tokens after each of {settings['prompts']} prompts; medians of {settings['repeat']} runs:",
+        "",
+        "| temperature | k | acceptance rate | tokens per target forward | tokens/s | speed-up vs target alone | output = greedy |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in data["speculative"]:
         if row["speculate"] is None:
-            print(f"| {row['temperature']} | target alone | | 1 | {row['tokens_per_s']:,.0f} | 1 | |")
+            lines.append(f"| {row['temperature']} | target alone | | 1 | {row['tokens_per_s']:,.0f} | 1 | |")
         else:
             equal = "yes" if row["equal_to_greedy"] else ""
-            print(
+            lines.append(
                 f"| {row['temperature']} | {row['speculate']} | {row['acceptance_rate']:.0%} | {row['tokens_per_target_forward']:.2f} "
                 f"| {row['tokens_per_s']:,.0f} | {row['speed_up']:.2f}× | {equal} |"
             )
-    print("\nWhat one round costs (medians)\n")
-    print("| piece | time |")
-    print("|---|---:|")
-    for name, seconds in costs.items():
-        print(f"| {name.removesuffix('_s').replace('_', ' ')} | {seconds * 1e6:.0f} µs |")
-    print()
+    lines += ["", "What one round costs (medians):", "", "| piece | time (µs) |", "|---|---:|"]
+    for name, seconds in data["costs"].items():
+        lines.append(f"| {name.removesuffix('_s').replace('_', ' ')} | {seconds * 1e6:,.0f} |")
+    lines += ["", conditions_line(data["machine"], settings.get("load_average_1min_before_after"))]
+    return "\n".join(lines)
 
 
 def main():
@@ -263,7 +271,7 @@ def main():
         speculative = measure_speculative(target, draft, prompts, repeat)
         costs = measure_costs(target, draft, prompts[0])
     settings = {
-        "data": args.data, "iters": args.iters, "target_flags": TARGET_FLAGS, "draft_flags": DRAFT_FLAGS,
+        "data": Path(args.data).name, "iters": args.iters, "target_flags": TARGET_FLAGS, "draft_flags": DRAFT_FLAGS,
         "target_config": target_meta["config"], "draft_config": draft_meta["config"],
         "target_best_val_loss": target_meta.get("best_val"), "draft_best_val_loss": draft_meta.get("best_val"),
         "beam_tokens": BEAM_TOKENS, "speculative_tokens": target.config.block_size - PROMPT_CHARS, "prompts": PROMPTS, "prompt_chars": PROMPT_CHARS,
@@ -271,8 +279,9 @@ def main():
         # other processes on the machine slow Python and threads alike: the load says how busy it was
         "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
     }  # fmt: skip
-    show(beams, speculative, costs, settings)
-    write_json(args.json or DEFAULT_JSON, {"machine": info, "settings": settings, "beam_search": beams, "speculative": speculative, "costs": costs})
+    data = {"machine": info, "settings": settings, "beam_search": beams, "speculative": speculative, "costs": costs}
+    print(f"\n{markdown(data)}\n")
+    write_json(args.json or DEFAULT_JSON, data)
 
 
 if __name__ == "__main__":

@@ -20,20 +20,20 @@ machine's load moves during them, so their own times compare the methods less we
 
 Writes bench/results/lora.json (or --json FILE) and prints a markdown table.
 """
-from common import ROOT, alternate, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+from common import ROOT, TINYSHAKESPEARE, alternate, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from run_all import conditions_line
 
 import microtensor as mt
 import train
 from models import checkpoint
 from models.lora import add_lora
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 DOCS = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "ops").glob("*.md"))
 
 
@@ -74,6 +74,30 @@ def step_times(base_dir, ranks, repeat):
         steps[name] = step
     times = alternate(steps, {}, None, repeat)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def markdown(data):
+    """The table of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    summary = data["lora"]
+    base, second = summary["base"], summary["second_text"]
+    lines = [
+        (
+            f"The base: {base['steps']} steps on {Path(base['data']).name} ({base['train_time_s']:,.1f} s of training), "
+            f"val loss {base['final_val_loss']:.4f}. The second text: {len(second['files'])} files of docs/, "
+            f"{second['characters']:,} characters, {second['replaced_by_a_space']:,} of them replaced by a space (not in the base's vocabulary)."
+        ),
+        "",
+        f"| method ({summary['fine_tuning_steps']} steps on docs/) | trainable parameters | val loss before | val loss after | training time (s) | one step, median (ms) | checkpoint (KiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in summary["runs"]:
+        share = 100 * row["trainable_parameters"] / row["total_parameters"]
+        lines.append(
+            f"| {row['method']} | {row['trainable_parameters']:,} ({share:.2f}%) | {row['val_loss_before']:.4f} | "
+            f"{row['val_loss_after']:.4f} | {row['train_time_s']:,.1f} | {row['step_median_s'] * 1e3:,.1f} | {row['checkpoint_bytes'] / 1024:,.0f} |"
+        )
+    lines += ["", conditions_line(data["machine"])]
+    return "\n".join(lines)
 
 
 def main():
@@ -120,24 +144,14 @@ def main():
         for row in rows:
             row["step_median_s"] = medians[row["method"]]
     summary = {
-        "base": {"data": args.data, "steps": base["steps"], "final_val_loss": base["final_val_loss"], "train_time_s": base["train_time_s"], "wall_time_s": base_seconds},
+        "base": {"data": Path(args.data).name, "steps": base["steps"], "final_val_loss": base["final_val_loss"], "train_time_s": base["train_time_s"], "wall_time_s": base_seconds},
         "second_text": {"files": [str(path.relative_to(ROOT)) for path in DOCS], "characters": len(text), "replaced_by_a_space": replaced},
         "fine_tuning_steps": args.iters,
         "runs": rows,
     }  # fmt: skip
-    console.print(f"base: {base['steps']} steps on {args.data}, val loss {base['final_val_loss']:.4f}, {base['train_time_s']:.1f} s of training")
-    lines = [
-        f"| method ({args.iters} steps on docs/) | trainable parameters | val loss before | val loss after | training time | one step (median) | checkpoint |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        share = 100 * row["trainable_parameters"] / row["total_parameters"]
-        lines.append(
-            f"| {row['method']} | {row['trainable_parameters']:,} ({share:.2f}%) | {row['val_loss_before']:.4f} | "
-            f"{row['val_loss_after']:.4f} | {row['train_time_s']:.1f} s | {row['step_median_s'] * 1e3:.1f} ms | {row['checkpoint_bytes'] / 1024:,.0f} KiB |"
-        )
-    print("\n".join(lines))  # plain print: a markdown table must not be wrapped to the terminal's width
-    write_json(args.json, {"machine": info, "lora": summary})
+    data = {"machine": info, "lora": summary}
+    print(markdown(data))  # plain print: a markdown table must not be wrapped to the terminal's width
+    write_json(args.json, data)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ input rows):
 
 Writes bench/results/quantize.json (or --json FILE) and prints a markdown table.
 """
-from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
+from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import json
 import math
 import statistics
@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from run_all import conditions_line
 
 import microtensor as mt
 import models.gpt
@@ -46,7 +47,6 @@ from models.data import Batches, load_text
 from models.gpt import GPT, GPTConfig
 from models.quantize import quantize_model, weight_bytes
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 DEFAULT_JSON = ROOT / "bench" / "results" / "quantize.json"
 NEW_TOKENS = 200
 DEFAULT_REPEAT = 3
@@ -185,38 +185,56 @@ def main():
     sample = {name: tokenizer.decode(tokens[name][-NEW_TOKENS:][:80]) for name in ("float32, decode kernel", "int8, modules", "int4, modules")}
 
     results = {
-        "checkpoint": str(folder), "iters": args.iters, "group_size": args.group_size, "new_tokens": NEW_TOKENS, "repeat": repeat,
+        "checkpoint": folder.name, "iters": args.iters, "group_size": args.group_size, "new_tokens": NEW_TOKENS, "repeat": repeat,
         "models": rows, "generation": generation, "samples": sample,
     }  # fmt: skip
-    show(results)
-    write_json(args.json, {"machine": info, "quantize": results})
+    data = {"machine": info, "quantize": results}
+    show(data)
+    write_json(args.json, data)
 
 
-def show(results):
+def markdown(data):
+    """The tables of a run's JSON (the dict main() writes), and the conditions they ran under."""
+    results = data["quantize"]
     rows, generation = results["models"], results["generation"]
     float_bytes = rows["float32"]["weight_bytes"]["total"]
-    print()
-    print("| weights | bytes | vs float32 | val loss | Δ val loss | bits/char | tokens/s (modules) | greedy text = float32's for |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [
+        (
+            f"The default recipe after {results['iters']} training steps: val loss over {rows['float32']['val_tokens']:,} validation tokens; "
+            f"{results['new_tokens']} greedy tokens with the KV cache, median of {results['repeat']} runs:"
+        ),
+        "",
+        "| weights | bytes | vs float32 | val loss | Δ val loss | bits/char | tokens/s (modules) | greedy text = float32's for |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, row in rows.items():
         label = name if name != "int4" else f"int4 (groups of {results['group_size']})"
         gen = generation[f"{name}, modules"]
         delta = row["val_loss"] - rows["float32"]["val_loss"]
         first = gen["first_token_differing_from_float32"]
         same = f"all {results['new_tokens']} tokens" if first is None else f"{first} tokens"
-        print(
+        lines.append(
             f"| {label} | {row['weight_bytes']['total']:,} | {row['weight_bytes']['total'] / float_bytes:.3f} | {row['val_loss']:.4f} | "
             f"{delta:+.5f} | {row['bits_per_character']:.4f} | {gen['tokens_per_s']:,.0f} | {same} |"
         )
     decode = generation["float32, decode kernel"]
-    print()
-    print(f"float32 through the fast set's decode kernel: {decode['tokens_per_s']:,.0f} tokens/s "
-          f"({results['new_tokens']} greedy tokens with the KV cache, median of {results['repeat']} runs)")  # fmt: skip
+    lines += [
+        "",
+        f"float32 through the fast set's decode kernel: {decode['tokens_per_s']:,.0f} tokens/s.",
+        "",
+        "| weights | codes (bytes) | scales (bytes) | float (bytes) | total (bytes) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, row in rows.items():
         wb = row["weight_bytes"]
-        print(f"  {name}: codes {wb['codes']:,} B + scales {wb['scales']:,} B + float {wb['float']:,} B = {wb['total']:,} B")
-    console.print()
-    for name, text in results["samples"].items():
+        lines.append(f"| {name} | {wb['codes']:,} | {wb['scales']:,} | {wb['float']:,} | {wb['total']:,} |")
+    lines += ["", conditions_line(data["machine"])]
+    return "\n".join(lines)
+
+
+def show(data):
+    print(f"\n{markdown(data)}\n")
+    for name, text in data["quantize"]["samples"].items():
         console.print(f"{name}: {text!r}", highlight=False)
 
 

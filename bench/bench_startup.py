@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, console, fmt_time, machine_info, parser, print_machine, write_json
+from common import ROOT, TINYSHAKESPEARE, console, fmt_time, machine_info, parser, print_machine, write_json
 from rich.table import Table
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
 def corpus_path(folder):

@@ -12,16 +12,15 @@ the baseline: its "training" is collecting the set of characters.
 
 Writes bench/results/tokenizer.json unless --json names another file.
 """
-from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path)
+from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path)
 import statistics
 import time
 
-from rich.table import Table
+from run_all import conditions_line
 
 from models.bpe import BytePairTokenizer
 from models.data import CharTokenizer
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 VOCAB_SIZES = (512, 1024, 2048)
 DEFAULT_REPEAT = 3
 DEFAULT_JSON = ROOT / "bench" / "results" / "tokenizer.json"
@@ -55,16 +54,28 @@ def measure(name, train, text, repeat):
     }
 
 
-def show(rows, text):
-    table = Table(title=f"tokenizers on tinyshakespeare ({len(text):,} characters; times are medians)")
-    for column in ("tokenizer", "vocab", "train", "encode", "MB/s", "tokens", "chars/tok"):
-        table.add_column(column, justify="left" if column == "tokenizer" else "right")
-    for row in rows:
-        table.add_row(
-            row["tokenizer"], str(row["vocab_size"]), f"{row['train_s']:.2f} s", f"{row['encode_s']:.2f} s",
-            f"{row['encode_mb_per_s']:.2f}", f"{row['tokens']:,}", f"{row['chars_per_token']:.2f}",
-        )  # fmt: skip
-    console.print(table)
+COLUMNS = ("tokenizer", "vocab", "train (s)", "encode (s)", "encode (MB/s)", "tokens", "chars/token")
+
+
+def row_cells(row):
+    return [
+        row["tokenizer"], f"{row['vocab_size']:,}", f"{row['train_s']:,.2f}", f"{row['encode_s']:,.2f}",
+        f"{row['encode_mb_per_s']:,.2f}", f"{row['tokens']:,}", f"{row['chars_per_token']:.2f}",
+    ]  # fmt: skip
+
+
+def markdown(data):
+    """The table of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    results = data["tokenizer"]
+    lines = [
+        f"Tokenizers on {results['corpus']} ({results['characters']:,} characters); times are medians of {results['repeat']} runs:",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---:|" * (len(COLUMNS) - 1),
+    ]
+    lines += ["| " + " | ".join(row_cells(row)) + " |" for row in results["rows"]]
+    lines += ["", conditions_line(data["machine"])]
+    return "\n".join(lines)
 
 
 def main():
@@ -81,8 +92,9 @@ def main():
     for vocab_size in VOCAB_SIZES:
         rows.append(measure(f"bpe {vocab_size}", lambda v=vocab_size: BytePairTokenizer.train(text, v), text, repeat))
         console.print(f"bpe {vocab_size}: trained in {rows[-1]['train_s']:.2f} s")
-    show(rows, text)
-    write_json(args.json, {"machine": info, "tokenizer": {"corpus": TINYSHAKESPEARE.name, "characters": len(text), "repeat": repeat, "rows": rows}})
+    data = {"machine": info, "tokenizer": {"corpus": TINYSHAKESPEARE.name, "characters": len(text), "repeat": repeat, "rows": rows}}
+    print(f"\n{markdown(data)}\n")  # plain print: a markdown table must not be wrapped to the terminal's width
+    write_json(args.json, data)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ import json
 import time
 from pathlib import Path
 
-from common import ROOT, console, machine_info, parser, print_machine, write_json
+from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json
 
 import numpy as np
+from run_all import conditions_line
 
 import microtensor as mt
 from microtensor import optim
@@ -27,7 +28,6 @@ from models.bpe import BytePairTokenizer, bits_per_character, count_characters
 from models.data import Batches, CharTokenizer
 from models.gpt import GPT, GPTConfig
 
-TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
 BATCH, EVAL_BATCHES = 12, 40
 TABLES = ["kv_cache", "positions", "experts", "tokenizers"]
@@ -135,19 +135,28 @@ def tokenizer_table(text, seconds):
 
 
 def markdown(results):
+    """The four tables of a run's JSON (the dict main() writes), and the conditions they ran under."""
     lines = ["| attention | n_kv_head | KV cache bytes per token (float32) | parameters |", "|---|---|---|---|"]
     lines += [f"| {r['attention']} | {r['n_kv_head']} | {r['bytes_per_token']:,} | {r['parameters']:,} |" for r in results["kv_cache"]]
     lines += ["", f"| positions ({results['steps']} steps at context 64) | val loss at 64 | val loss at 128 |", "|---|---|---|"]
     for r in results["positions"]:
         double = "no rows past 64" if r["val_loss_128"] is None else f"{r['val_loss_128']:.4f}"
         lines.append(f"| {r['pos']} | {r['val_loss_64']:.4f} | {double} |")
-    lines += ["", f"| MLP ({results['steps']} steps) | parameters | val loss | train time | tokens per expert, per block |", "|---|---|---|---|---|"]
+    lines += ["", f"| MLP ({results['steps']} steps) | parameters | val loss | train time (s) | tokens per expert, per block |", "|---|---|---|---|---|"]
     for r in results["experts"]:
         share = "; ".join("/".join(f"{s:.2f}" for s in block) for block in r.get("share_per_expert", [])) or "-"
-        lines.append(f"| {r['mlp']} | {r['parameters']:,} | {r['val_loss']:.4f} | {r['train_seconds']:.0f} s | {share} |")
+        lines.append(f"| {r['mlp']} | {r['parameters']:,} | {r['val_loss']:.4f} | {r['train_seconds']:,.0f} | {share} |")
     lines += ["", f"| tokenizer ({results['seconds']:.0f} s of training each) | vocabulary | steps | chars per token | val loss per token | val bits per char |", "|---|---|---|---|---|---|"]
     for r in results["tokenizers"]:
-        lines.append(f"| {r['tokenizer']} | {r['vocab_size']} | {r['steps']} | {r['chars_per_token']:.2f} | {r['val_loss_per_token']:.4f} | {r['val_bits_per_char']:.4f} |")
+        lines.append(f"| {r['tokenizer']} | {r['vocab_size']:,} | {r['steps']:,} | {r['chars_per_token']:.2f} | {r['val_loss_per_token']:.4f} | {r['val_bits_per_char']:.4f} |")
+    # Tables kept from an earlier run (--tables) may come from another day or machine: one line per set of conditions.
+    tables_by_conditions = {}
+    for table, machine in results.get("machines", {}).items():
+        tables_by_conditions.setdefault(conditions_line(machine), []).append(table)
+    if len(tables_by_conditions) == 1:
+        lines += ["", *tables_by_conditions]
+    elif tables_by_conditions:
+        lines += ["", " ".join(f"{', '.join(tables)}: {line}" for line, tables in tables_by_conditions.items())]
     return "\n".join(lines)
 
 
@@ -178,8 +187,7 @@ def main():
     for table in args.tables:
         results[table] = run[table]()
         results["machines"][table] = info
-    results["markdown"] = markdown(results)
-    console.print(results["markdown"])
+    console.print(markdown(results))
     write_json(path, results)
 
 

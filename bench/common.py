@@ -23,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The corpus the benchmarks train on: kept beside the checkout, never inside it.
+TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 if str(ROOT) not in sys.path:  # the benchmarks run from a checkout, installed or not
     sys.path.insert(0, str(ROOT))
 

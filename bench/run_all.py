@@ -10,10 +10,12 @@ environment sets them, the training step is measured a second time with them kep
 as the default-environment figure. JSON files go to --out (default bench/results/); the report
 is written to --readme (default bench/README.md) and printed.
 
-Everything in bench/README.md comes from here: the fixed text below (HEADER, NOTES) and what the
-JSON files hold. Edit this file, not the README, and run with --report-only to rebuild it.
+Everything in bench/README.md comes from the JSON files, formatted here (HEADER, NOTES and the
+main tables) and, for each technique's section, by that script's markdown(data). Edit those, not
+the README, and run with --report-only to rebuild it.
 """
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -32,7 +34,7 @@ BENCHMARKS = [  # (JSON name, script, extra arguments)
     ("convergence", "bench_convergence.py", []),
 ]
 
-# The techniques of docs/: each script writes its tables as markdown into its JSON ("markdown").
+# The techniques of docs/: each script's markdown(data) turns the JSON it wrote into its section.
 TECHNIQUES = [  # (JSON name, script, title, the docs page that explains it)
     ("attention", "bench_attention.py", "Online-softmax attention against the standard kernel", "docs/online-attention.md"),
     ("variants", "bench_variants.py", "GQA, positions, experts and tokenizers, trained", "docs/positions.md"),
@@ -195,6 +197,25 @@ def machine_line(out):
     return None
 
 
+def conditions_line(machine, load=None):
+    """The line under a technique's tables: when and on what it was measured, from the "machine"
+    its script recorded, and the load average (1 minute; before and after) where it recorded one."""
+    parts = [f"{machine['cores']} cores", f"numpy {machine['numpy']}", f"numba {machine['numba']}"]
+    if machine.get("torch", "(not installed)") != "(not installed)":
+        parts.append(f"PyTorch {machine['torch']}")
+    if load:
+        parts.append(f"load average {load[0]:.1f} before, {load[1]:.1f} after")
+    return f"Measured on {machine['date']}: {', '.join(parts)}."
+
+
+def technique_module(script):
+    """A technique's script as a module, for its markdown(data): importing it runs no benchmark
+    (its main() runs only as a program), though bench/common.py tunes this process as it loads."""
+    if str(HERE) not in sys.path:  # the scripts import common.py and run_all.py from beside them
+        sys.path.insert(0, str(HERE))
+    return importlib.import_module(Path(script).stem)
+
+
 def step_spread_lines(out):
     """What the training benchmark measured about its own noise."""
     train = load(out, "train")
@@ -292,10 +313,12 @@ def report(out):
             sections.append("\n".join(lines) + "\n")
     for name, script, title, page in TECHNIQUES:
         data = load(out, name)
-        if data and data.get("markdown"):
+        if data:
+            # Formatted from the numbers now, not from the text the script stored: --report-only
+            # then shows a change of format without measuring again.
             sections.append(f"## {title}\n")
             sections.append(f"From `python bench/{script}` ({page} explains it).\n")
-            sections.append(data["markdown"].rstrip() + "\n")
+            sections.append(technique_module(script).markdown(data).rstrip() + "\n")
     return "\n".join(sections)
 
 
