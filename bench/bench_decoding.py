@@ -23,12 +23,9 @@ the target through the decode kernel, the target's forward of k + 1 tokens throu
 
 Writes bench/results/decoding.json (or --json FILE) and prints markdown tables.
 """
-from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
-import json
+from common import ROOT, TINYSHAKESPEARE, machine_info, parser, print_machine, trained_checkpoint, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,26 +48,6 @@ TEMPERATURES = (0.0, 0.8)
 PROMPTS = 6
 PROMPT_CHARS = 8
 DEFAULT_REPEAT = 3
-
-
-def train_once(name, flags, args):
-    """The checkpoint folder of a model trained with these flags, trained now unless the cache
-    folder holds one trained with exactly the same command."""
-    folder = Path(args.cache_dir) / name
-    command = [
-        sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out-dir", str(folder), "--max-iters", str(args.iters),
-        "--lr-decay-iters", str(args.iters), "--eval-interval", str(args.iters), "--sample-chars", "0", *flags,
-    ]  # fmt: skip
-    record = folder / "bench-command.json"
-    if not args.retrain and record.exists() and json.loads(record.read_text()) == command[1:] and checkpoint.path_in(folder).exists():
-        console.print(f"reusing the {name} trained in {folder}")
-        return folder
-    console.print(f"training the {name}: {' '.join(command[1:])}")
-    started = time.perf_counter()
-    subprocess.run([*command, "--force"], check=True, cwd=ROOT)
-    record.write_text(json.dumps(command[1:]))
-    console.print(f"trained the {name} in {time.perf_counter() - started:.0f} s")
-    return folder
 
 
 def load(folder):
@@ -257,8 +234,8 @@ def main():
     repeat = args.repeat or DEFAULT_REPEAT
     info = machine_info()
     print_machine(info)
-    target_dir = train_once("target", TARGET_FLAGS, args)
-    draft_dir = train_once("draft", DRAFT_FLAGS, args)
+    target_dir = trained_checkpoint(Path(args.cache_dir) / "target", args.data, args.iters, TARGET_FLAGS, args.retrain)
+    draft_dir = trained_checkpoint(Path(args.cache_dir) / "draft", args.data, args.iters, DRAFT_FLAGS, args.retrain)
     target, tokenizer, target_meta = load(target_dir)
     draft, draft_tokenizer, draft_meta = load(draft_dir)
     if tokenizer.chars != draft_tokenizer.chars:

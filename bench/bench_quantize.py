@@ -26,12 +26,9 @@ input rows):
 
 Writes bench/results/quantize.json (or --json FILE) and prints a markdown table.
 """
-from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
-import json
+from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, trained_checkpoint, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import math
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -53,25 +50,11 @@ DEFAULT_REPEAT = 3
 EVAL_WINDOWS_PER_BATCH = 32
 
 
-def train_once(args):
+def trained_model(args):
     """The checkpoint folder: --checkpoint, or one trained now (or earlier with the same command)."""
     if args.checkpoint:
         return Path(args.checkpoint)
-    folder = Path(args.cache_dir) / "default-recipe"
-    command = [
-        sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out-dir", str(folder), "--max-iters", str(args.iters),
-        "--lr-decay-iters", str(args.iters), "--eval-interval", str(args.iters), "--sample-chars", "0",
-    ]  # fmt: skip
-    record = folder / "bench-command.json"
-    if not args.retrain and record.exists() and json.loads(record.read_text()) == command[1:] and checkpoint.path_in(folder).exists():
-        console.print(f"reusing the model trained in {folder}")
-        return folder
-    console.print(f"training: {' '.join(command[1:])}")
-    started = time.perf_counter()
-    subprocess.run([*command, "--force"], check=True, cwd=ROOT)
-    record.write_text(json.dumps(command[1:]))
-    console.print(f"trained in {time.perf_counter() - started:.0f} s")
-    return folder
+    return trained_checkpoint(Path(args.cache_dir) / "default-recipe", args.data, args.iters, retrain=args.retrain)
 
 
 def load(folder, bits=None, group_size=None):
@@ -136,7 +119,7 @@ def main():
     repeat = args.repeat or DEFAULT_REPEAT
     info = machine_info()
     print_machine(info)
-    folder = train_once(args)
+    folder = trained_model(args)
 
     variants = {  # name: (bits, group_size)
         "float32": (None, None),

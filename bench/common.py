@@ -185,6 +185,28 @@ def write_json(path, payload):
         console.print(f"wrote {path}")
 
 
+def trained_checkpoint(folder, data, iters, flags=(), retrain=False):
+    """`folder`, holding a model trained by train.py for `iters` steps on `data` with `flags`:
+    trained now, unless the folder holds one trained by exactly the same command (retrain=False)."""
+    from models import checkpoint  # models is importable once ROOT is on sys.path (above)
+
+    folder = Path(folder)
+    command = [
+        sys.executable, str(ROOT / "train.py"), "--data", str(data), "--out-dir", str(folder), "--max-iters", str(iters),
+        "--lr-decay-iters", str(iters), "--eval-interval", str(iters), "--sample-chars", "0", *flags,
+    ]  # fmt: skip
+    record = folder / "bench-command.json"
+    if not retrain and record.exists() and json.loads(record.read_text()) == command[1:] and checkpoint.path_in(folder).exists():
+        console.print(f"reusing the model trained in {folder}")
+        return folder
+    console.print(f"training: {' '.join(command[1:])}")
+    started = time.perf_counter()
+    subprocess.run([*command, "--force"], check=True, cwd=ROOT)
+    record.write_text(json.dumps(command[1:]))
+    console.print(f"trained in {time.perf_counter() - started:.0f} s")
+    return folder
+
+
 def blocks(values, block):
     """values cut into consecutive blocks of `block` (as `alternate` records them)."""
     return [values[i : i + block] for i in range(0, len(values) - block + 1, block)]
