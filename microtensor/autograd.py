@@ -57,14 +57,17 @@ def is_grad_enabled():
 class no_grad:
     """Context manager (and decorator) in which no op records a graph: for evaluation and sampling."""
 
+    def __init__(self):
+        self._previous = []  # a stack: the same no_grad object may be entered again inside itself
+
     def __enter__(self):
         global _grad_enabled
-        self._previous = _grad_enabled
+        self._previous.append(_grad_enabled)
         _grad_enabled = False
 
     def __exit__(self, *exc_info):
         global _grad_enabled
-        _grad_enabled = self._previous
+        _grad_enabled = self._previous.pop()
 
     def __call__(self, function):
         def without_grad(*args, **kwargs):
@@ -90,6 +93,7 @@ class Context:
         self.needs_input_grad = needs_input_grad  # one bool per input
         self.requires_grad = requires_grad
         self.versions = ()  # each Tensor input's _version when forward ran (None for other inputs)
+        self.input_layouts = ()  # each Tensor input's (shape, dtype) when forward ran (None for other inputs)
         self.saved_tensors = ()
         self.freed = False
 
@@ -149,6 +153,7 @@ class Function:
         ctx = Context(cls, args, needs_input_grad, requires_grad)
         if requires_grad:
             ctx.versions = tuple(a._version_counter[0] if isinstance(a, Tensor) else None for a in args)
+            ctx.input_layouts = tuple((a._data.shape, a._data.dtype) if isinstance(a, Tensor) else None for a in args)
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
         if os.getpid() != _process_id:
             _check_forked_process()
@@ -257,8 +262,16 @@ def _accumulate_into_grad(tensor, grad):
     # The first gradient is copied: `grad` may be shared with other ops or be a read-only view.
     if tensor.grad is None:
         tensor.grad = active(copy_gradient)(grad)
-    else:
-        tensor.grad += grad
+        return
+    held = tensor.grad
+    # Only a .grad set by hand can differ; += would broadcast into it, or keep its dtype, silently.
+    if type(held) is not np.ndarray or held.shape != tensor._data.shape or held.dtype != tensor._data.dtype:
+        raise GraphError(
+            f"backward: a tensor of shape {tensor.shape} and dtype {tensor.dtype} holds a .grad that is a "
+            f"{describe(held)}; expected None or a numpy array of the tensor's shape and dtype to add the "
+            "new gradient into (set .grad = None to start from nothing)"
+        )
+    held += grad
 
 
 def _root_gradient(root, grad):
@@ -274,7 +287,12 @@ def _root_gradient(root, grad):
     if isinstance(grad, Tensor):
         grad = grad._data
     elif isinstance(grad, (int, float, np.integer, np.floating)) and not isinstance(grad, (bool, np.bool_)):
-        grad = np.asarray(grad, dtype=root.dtype)
+        if root._data.size != 1:
+            raise InputError(
+                f"backward: a number is a gradient only for a one-element output; this output has shape {root.shape}: "
+                "pass an array of that shape"
+            )
+        grad = np.full(root.shape, grad, dtype=root.dtype)
     if not isinstance(grad, np.ndarray):
         raise InputTypeError(f"backward: the gradient must be a Tensor or a numpy array, got {describe(grad)}")
     if grad.shape != root._data.shape or grad.dtype != root._data.dtype:
@@ -355,7 +373,7 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
             raise GraphError(
                 f"{op}.backward returned {len(input_grads)} gradients, but forward took {len(ctx.inputs)} inputs"
             )
-        for inp, needs_grad, input_grad in zip(ctx.inputs, ctx.needs_input_grad, input_grads):
+        for index, (inp, needs_grad, input_grad) in enumerate(zip(ctx.inputs, ctx.needs_input_grad, input_grads)):
             if not needs_grad or input_grad is None:
                 continue
             if type(input_grad) is not np.ndarray:
@@ -363,6 +381,14 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
                     raise GraphError(f"{op}.backward returned {describe(input_grad)} as a gradient; expected a numpy array")
                 input_grad = np.asarray(input_grad)  # numpy arithmetic on 0-d arrays gives scalars
             if input_grad.shape != inp._data.shape or input_grad.dtype != inp._data.dtype:
+                then_shape, then_dtype = ctx.input_layouts[index]
+                if (then_shape, then_dtype) != (inp._data.shape, inp._data.dtype):
+                    # The op is not at fault: the input's values were replaced after the graph was recorded.
+                    raise GraphError(
+                        f"backward: input {index} of {op} had shape {then_shape} and dtype {then_dtype} when the forward "
+                        f"ran, and now has shape {inp.shape} and dtype {inp.dtype}: its .data was replaced after the "
+                        "forward (t.data = ..., or Module.to). Replace values before the forward, or run the forward again"
+                    )
                 raise GraphError(
                     f"{op}.backward returned a gradient of shape {input_grad.shape} and dtype "
                     f"{input_grad.dtype} for an input of shape {inp.shape} and dtype {inp.dtype}"

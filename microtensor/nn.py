@@ -307,6 +307,7 @@ class Module:
             raise StateDictError(f"{where}: nothing was loaded, because of\n  " + "\n  ".join(problems))
         for name, array in arrays.items():
             np.copyto(params[name].data, array)
+            params[name]._bump_version()  # values an op saved for a pending backward have changed
         return LoadResult(missing, unexpected)
 
     # ----------------------------------------------------------------------------- printing

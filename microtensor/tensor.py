@@ -25,10 +25,15 @@ computed at values the forward never saw). A write straight through the numpy ar
 the counter misses it (PyTorch's `.data` has the same limit). Between a forward and its backward,
 change values by assignment, or call `w._bump_version()` after writing through the array.
 
-Numpy interop. `np.asarray(t)` gives `t.data` (the same memory, no copy), so numpy functions take
-tensors as arrays. Numpy's operators do not: `np.ones(3) + t` would otherwise make an array of
-Python objects, one Tensor per element; `__array_ufunc__ = None` makes numpy hand the operation to
-the Tensor instead (`t.__radd__`), so the result is a Tensor, in the graph.
+Numpy interop. `np.asarray(t)` gives `t.data` (the same memory, no copy): hand numpy `t.data` or
+`np.asarray(t)`, not the tensor. Given a tensor, a numpy function such as `np.sum(t, axis=0)` calls
+the Tensor's own method of that name (whose arguments are PyTorch's), and numpy's ufuncs
+(`np.exp(t)`, `np.ones(3) + t`) refuse it: `__array_ufunc__ = None` makes numpy hand an operator to
+the Tensor instead (`t.__radd__`), so `np.ones(3) + t` is a Tensor, in the graph, not an array of
+Python objects holding one Tensor per element.
+
+Python numbers. `float(t)`, `int(t)` and `f"{t:.3f}"` take the value of a one-element tensor, as
+`t.item()` does.
 """
 import numpy as np
 
@@ -301,6 +306,23 @@ class Tensor:
 
     def tolist(self):
         return self._data.tolist()
+
+    def __float__(self):
+        return float(self._one_value("float()"))
+
+    def __int__(self):
+        return int(self._one_value("int()"))
+
+    def __format__(self, format_spec):
+        """f"{loss:.3f}" formats the value of a one-element tensor; f"{t}" prints any tensor."""
+        if not format_spec:
+            return str(self)
+        return format(self._one_value(f"format with {format_spec!r}"), format_spec)
+
+    def _one_value(self, what):
+        if self._data.size != 1:
+            raise InputError(f"{what}: the tensor has {self._data.size} elements (shape {self.shape}), expected 1 (index it, or reduce it first)")
+        return self._data.item()
 
     def detach(self):
         """The same values (the same memory, and so the same version counter), cut off from the

@@ -107,3 +107,15 @@ def test_basic_op_gradients_against_torch():
     f(ours, mt).backward(upstream)
     f(theirs, torch).backward(torch.tensor(upstream))
     np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=1e-12)
+
+
+def test_pow_gradient_is_zero_where_the_formulas_multiply_zero_by_infinity():
+    # d(a^0)/da = 0 everywhere, a = 0 included; d(0^b)/db = 0 for b >= 0 (PyTorch's value too).
+    a = mt.tensor([0.0, 1.0, 2.0], dtype=mt.float64, requires_grad=True)
+    (a**0).sum().backward()
+    np.testing.assert_array_equal(a.grad, [0.0, 0.0, 0.0])
+    a = mt.tensor([0.0, 0.0, 2.0], dtype=mt.float64, requires_grad=True)
+    b = mt.tensor([2.0, 0.0, 3.0], dtype=mt.float64, requires_grad=True)
+    (a**b).sum().backward()
+    np.testing.assert_allclose(a.grad, [0.0, 0.0, 3 * 2.0**2])
+    np.testing.assert_allclose(b.grad, [0.0, 0.0, 2.0**3 * np.log(2.0)])

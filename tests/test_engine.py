@@ -651,3 +651,77 @@ def test_a_forked_pool_after_a_parallel_kernel_answers_and_never_hangs(tmp_path,
         assert "results: [4.0, 4.0]" in result.stdout, result.stdout + result.stderr
     if layer == "workqueue":
         assert "gnu openmp started: False" in result.stdout
+
+
+# ------------------------------------------------------------------ values and gradients set by hand
+
+
+def test_one_no_grad_object_entered_inside_itself_restores_the_mode_on_leaving():
+    no_grad = mt.no_grad()
+    with no_grad:
+        with no_grad:
+            assert not mt.is_grad_enabled()
+        assert not mt.is_grad_enabled()
+    assert mt.is_grad_enabled()
+
+
+def test_load_state_dict_between_forward_and_backward_is_refused_like_an_optimizer_step():
+    linear = mt.nn.Linear(3, 2, dtype=mt.float64)
+    loss = linear(leaf([[1.0, 2.0, 3.0]])).sum()
+    linear.load_state_dict({"weight": np.zeros((3, 2)), "bias": np.zeros(2)})
+    with pytest.raises(mt.GraphError, match="input 1 of MatMul .* was modified in place after forward"):
+        loss.backward()
+
+
+def test_values_replaced_with_another_shape_after_forward_are_named_not_the_op():
+    x = leaf([1.0, 2.0, 3.0])
+    y = (x * 2).sum()
+    x.data = np.zeros(5)
+    with pytest.raises(mt.GraphError, match=r"input 0 of Mul had shape \(3,\) and dtype float64 when the forward ran, and now has shape \(5,\)"):
+        y.backward()
+
+
+def test_module_cast_after_forward_is_named_not_the_op():
+    linear = mt.nn.Linear(3, 2, dtype=mt.float64)
+    y = linear(mt.ones(1, 3, dtype=mt.float64)).sum()
+    linear.to(mt.float32)
+    with pytest.raises(mt.GraphError, match=r"dtype float64 when the forward ran, and now has shape \(\d+,?\d*\) and dtype float32"):
+        y.backward()
+
+
+@pytest.mark.parametrize(
+    "held",
+    [np.zeros(2), np.zeros((1, 3)), np.zeros(3, dtype=np.float32), mt.zeros(3, dtype=mt.float64)],
+    ids=["shape", "broadcastable shape", "dtype", "a Tensor"],
+)
+def test_a_grad_set_by_hand_that_cannot_hold_the_gradient_is_refused(held):
+    x = leaf([1.0, 2.0, 3.0])
+    x.grad = held
+    with pytest.raises(mt.GraphError, match=r"holds a \.grad that is a .*; expected None or a numpy array of the tensor's shape and dtype"):
+        (x * 2).sum().backward()
+
+
+def test_a_grad_set_by_hand_of_the_right_kind_is_added_to():
+    x = leaf([1.0, 2.0, 3.0])
+    x.grad = np.ones(3)
+    (x * 2).sum().backward()
+    np.testing.assert_array_equal(x.grad, [3.0, 3.0, 3.0])
+
+
+def test_a_number_is_the_gradient_of_any_one_element_output():
+    x = leaf([2.0])
+    (x * 3).backward(0.5)
+    np.testing.assert_array_equal(x.grad, [1.5])
+    with pytest.raises(mt.InputError, match=r"a number is a gradient only for a one-element output; this output has shape \(2,\)"):
+        (leaf([1.0, 2.0]) * 3).backward(1.0)
+
+
+def test_float_int_and_format_take_the_value_of_a_one_element_tensor():
+    loss = mt.tensor(1.23456, dtype=mt.float64)
+    assert f"{loss:.3f}" == "1.235"
+    assert float(loss) == 1.23456
+    assert int(mt.tensor([7])) == 7
+    assert f"{mt.ones(2)}" == str(mt.ones(2))
+    for convert in (float, int, lambda t: f"{t:.2f}"):
+        with pytest.raises(mt.InputError, match=r"the tensor has 2 elements \(shape \(2,\)\), expected 1"):
+            convert(mt.ones(2))

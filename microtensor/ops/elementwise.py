@@ -114,6 +114,11 @@ class Pow(Function):
 
     dL/da = unbroadcast(g * b * a^(b-1)),
     dL/db = unbroadcast(g * y * ln a)        (only defined for a > 0; needed only when b requires grad).
+
+    Two points where the formulas multiply 0 by infinity, though the derivative is 0:
+    - b = 0: y = a^0 = 1 whatever a is, so dy/da = 0 (at a = 0 the formula gives 0 * 0^-1 = 0 * inf);
+    - a = 0 with b >= 0: y = 0^b is 0 (or 1 at b = 0) for every b nearby on that side, so dy/db is
+      taken as 0, as PyTorch does (the formula gives y * ln 0 = 0 * -inf).
     """
 
     @staticmethod
@@ -125,8 +130,15 @@ class Pow(Function):
     @staticmethod
     def backward(ctx, grad_out):
         a, b, y = ctx.saved_tensors
-        grad_a = unbroadcast(grad_out * b * a ** (b - 1), a.shape) if ctx.needs_input_grad[0] else None
-        grad_b = unbroadcast(grad_out * y * np.log(a), b.shape) if ctx.needs_input_grad[1] else None
+        zero = y.dtype.type(0)
+        grad_a = grad_b = None
+        with np.errstate(divide="ignore", invalid="ignore"):  # the 0 * inf points, replaced below
+            if ctx.needs_input_grad[0]:
+                dy_da = np.where(b == 0, zero, b * a ** (b - 1))
+                grad_a = unbroadcast(grad_out * dy_da, a.shape)
+            if ctx.needs_input_grad[1]:
+                dy_db = np.where((a == 0) & (b >= 0), zero, y * np.log(a))
+                grad_b = unbroadcast(grad_out * dy_db, b.shape)
         return grad_a, grad_b
 
 
