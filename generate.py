@@ -178,11 +178,15 @@ def _silence_stdout():
         pass
 
 
-def load_model(out_dir, merge_lora=False):
+def load_model(out_dir, merge_lora=False, quantize=None):
     """(model, tokenizer) of the checkpoint in out_dir: a model trained by train.py, or a base with
-    the LoRA adapters of a fine-tuning (merged into its weights with merge_lora); CheckpointError
-    names the file and what is wrong."""
-    model, tokenizer, _ = checkpoint.load_model(out_dir, merge=merge_lora)
+    the LoRA adapters of a fine-tuning (merged into its weights with merge_lora, or to quantize them,
+    since a quantized layer holds one weight); CheckpointError names the file and what is wrong."""
+    model, tokenizer, meta = checkpoint.load_model(out_dir, merge=merge_lora or quantize is not None)
+    if merge_lora and "lora" not in meta:
+        raise FlagError("merge_lora", f"with {checkpoint.path_in(out_dir)}", "a LoRA fine-tuning's checkpoint (train.py --lora-rank): this one has no adapters to merge")
+    if quantize is not None and "lora" in meta and not merge_lora:
+        console.print(f"[dim]LoRA adapters merged into the base's weights before quantizing to {quantize}[/]")
     return model, tokenizer
 
 
@@ -196,7 +200,7 @@ def encode(tokenizer, text, name):
 
 
 def generate_samples(args):
-    model, tokenizer = load_model(args.out_dir, args.merge_lora)
+    model, tokenizer = load_model(args.out_dir, args.merge_lora, args.quantize)
     if args.quantize is not None:
         float_bytes = weight_bytes(model)["total"]
         quantize_model(model, bits=8 if args.quantize == "int8" else 4)
@@ -233,7 +237,9 @@ def generate_samples(args):
             f"{stats.tokens_per_round:.2f} tokens per forward of the model"
             if stats.proposed else "nothing proposed"
         )  # fmt: skip
-        how = f"speculative decoding with the draft {args.draft_dir}, {args.speculate} proposals per round: {accepted}; {how}"
+        # The windows cap a round's proposals (models/decoding.py, proposals_allowed): say what was proposed.
+        per_round = f"{stats.proposed / stats.rounds:.2f} proposals per round (--speculate {args.speculate})" if stats.rounds else f"--speculate {args.speculate}"
+        how = f"speculative decoding with the draft {args.draft_dir}, {per_round}: {accepted}; {how}"
     console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({escape(how)})[/]")
     return 0
 

@@ -188,6 +188,13 @@ def check_args(args, explicit=()):
         if not ok:
             raise FlagError(name, getattr(args, name), expected)
 
+    # A flag given without the one it belongs with is named first: its value then means nothing.
+    for name, (other, value) in DEPENDENT_FLAGS.items():
+        if value is GIVEN and name in explicit and getattr(args, other) is None:
+            other_spelled = flag(other) + (" DIR" if other == "init_from" else " R")
+            raise FlagError(name, f"{getattr(args, name)} without {flag(other)}", f"{other_spelled} as well: alone it changes nothing")
+        if value is not GIVEN and name in explicit and getattr(args, other) != value:
+            raise FlagError(name, f"{getattr(args, name)} without --{other.replace('_', '-')} {value}", f"--{other.replace('_', '-')} {value} as well: alone it changes nothing")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters"):
         need(getattr(args, name) >= 1, name, "an integer >= 1")
     for name in ("max_iters", "warmup_iters", "sample_chars", "seed"):
@@ -227,12 +234,6 @@ def check_args(args, explicit=()):
         lora.check_targets(args.lora_targets)
     except (InputError, InputTypeError) as error:
         raise FlagError("lora_targets", repr(args.lora_targets), f"names of Linear layers separated by commas ({error})") from None
-    for name, (other, value) in DEPENDENT_FLAGS.items():
-        if value is GIVEN and name in explicit and getattr(args, other) is None:
-            other_spelled = flag(other) + (" DIR" if other == "init_from" else " R")
-            raise FlagError(name, f"{getattr(args, name)} without {flag(other)}", f"{other_spelled} as well: alone it changes nothing")
-        if value is not GIVEN and name in explicit and getattr(args, other) != value:
-            raise FlagError(name, f"{getattr(args, name)} without --{other.replace('_', '-')} {value}", f"--{other.replace('_', '-')} {value} as well: alone it changes nothing")
     if args.init_from is not None and Path(args.init_from).resolve() == Path(args.out_dir).resolve():
         raise FlagError(
             "out_dir", args.out_dir,
@@ -292,13 +293,20 @@ def check_resume(args, explicit, path, config, optim_state, start):
 def check_base_flags(args, explicit, path, config, tokenizer):
     """Flags that would contradict the base checkpoint of --init-from: its model and its tokenizer."""
     check_model_flags(args, explicit, path, config, "--init-from", "fine-tuning keeps the base's model; drop the flag")
+    check_tokenizer_flags(args, explicit, path, config, tokenizer, "--init-from")
+
+
+def check_tokenizer_flags(args, explicit, path, config, tokenizer, given_with):
+    """--tokenizer and --vocab-size given with --resume or --init-from: the run keeps the
+    checkpoint's tokenizer, so each must name what it holds."""
+    whose = "the base checkpoint's" if given_with == "--init-from" else "the checkpoint's"
     kind = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
     if "tokenizer" in explicit and args.tokenizer != kind:
-        raise FlagError("tokenizer", f"{args.tokenizer} with --init-from", f"the base checkpoint's tokenizer, {kind} ({path}); drop the flag")
+        raise FlagError("tokenizer", f"{args.tokenizer} with {given_with}", f"{whose} tokenizer, {kind} ({path}); drop the flag")
     if "vocab_size" in explicit and args.vocab_size != config.vocab_size:
         raise FlagError(
-            "vocab_size", f"{args.vocab_size} with --init-from",
-            f"the base checkpoint's vocab_size = {config.vocab_size} ({path}); drop the flag",
+            "vocab_size", f"{args.vocab_size} with {given_with}",
+            f"{whose} vocab_size = {config.vocab_size} ({path}); drop the flag",
         )  # fmt: skip
 
 
@@ -559,6 +567,7 @@ def _train(args, explicit, run):
         else:
             base_record = full_fine_tuning_record(meta)
         tokenizer = checkpoint.tokenizer_of(meta, path, config)
+        check_tokenizer_flags(args, explicit, path, config, tokenizer, "--resume")
         best_val = meta.get("best_val")
         history = earlier_losses(meta, start, path)
         try:  # on a scratch generator: the states are put in place after the model is built

@@ -71,7 +71,6 @@ from .gpt import (
     _check_prompt,
     _is_int,
     _is_real,
-    decode_kernel_fits,
     keep_top_k,
     keep_top_p,
     window_start,
@@ -102,6 +101,7 @@ class WindowedCache:
             self.keys, self.values = model.new_cache_arrays(batch)  # (n_layer, B, Hk, block_size, D) each
             self.caches = model.new_caches(batch, (self.keys, self.values))
         self.decode_weights = None  # the fast set's copy of the weights, gathered at the first one-token step
+        self.fits_decode_kernel = model.fits_decode_kernel()  # not for quantized or LoRA layers
 
     def start_for(self, length):
         """Where the window of a sequence of `length` tokens starts (the rule, without moving it)."""
@@ -130,7 +130,7 @@ class WindowedCache:
         if not self.use_kv_cache:
             with mt.num_threads(1 if window.size <= SINGLE_THREAD_TOKENS else None):
                 logits = model(window)[0].data[:, self.fed :]  # (B, m, V)
-        elif new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and decode_kernel_fits(model.config):
+        elif new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and self.fits_decode_kernel:
             # one token per sequence: the fast set's one-kernel step, as generate_tokens takes it
             from microtensor.fast import decode
 

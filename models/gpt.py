@@ -373,6 +373,15 @@ class GPT(nn.Module):
         _check_generation_options("generate_tokens", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
         return self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
 
+    def fits_decode_kernel(self):
+        """Whether the fast set's one-token kernel (microtensor/fast/decode.py) can run this model as it
+        is now: its options (decode_kernel_fits), and every layer's weight a plain float matrix. The
+        kernel reads each layer's weight only, so quantized layers and unmerged LoRA adapters
+        (models/quantize.py, models/lora.py) take the modules' path."""
+        from models.lora import has_lora
+
+        return decode_kernel_fits(self.config) and getattr(self, "quantization", None) is None and not has_lora(self)
+
     def _generate_tokens(self, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
         rng = np.random.default_rng(seed)
         block = self.config.block_size
@@ -381,11 +390,7 @@ class GPT(nn.Module):
         if use_kv_cache:
             keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
         decode_weights = None  # the fast set's copy of the weights, gathered at its first one-token step
-        # The decode kernel reads each layer's float weight: quantized layers and unmerged LoRA adapters
-        # (models/quantize.py, models/lora.py) take the modules' path.
-        from models.lora import has_lora
-
-        fits_decode = getattr(self, "quantization", None) is None and not has_lora(self)
+        fits_decode = self.fits_decode_kernel()
         was_training = self.training
         self.eval()
         try:
@@ -399,7 +404,7 @@ class GPT(nn.Module):
                         # the old window's entries need no clearing: attention reads positions < length only
                         caches, fed = self.new_caches(idx.shape[0], (keys, values)), 0
                     new_tokens = window[:, fed:] if use_kv_cache else window
-                    if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and decode_kernel_fits(self.config) and fits_decode:
+                    if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and fits_decode:
                         # fast path: one kernel over every layer replaces this token's trip through the modules
                         from microtensor.fast import decode
 

@@ -39,6 +39,7 @@ from microtensor.errors import InputError, InputTypeError
 from microtensor.ops.checks import check_int
 from microtensor.ops.quantize import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
 from microtensor.tensor import FLOAT_DTYPES
+from models.lora import lora_layers
 
 
 class QuantizedLinear(nn.Module):
@@ -125,6 +126,12 @@ def quantize_model(model, bits=8, group_size=None):
         group_size = DEFAULT_GROUP_SIZE if group_size is None else check_int("quantize_model", "group_size", group_size, low=1)
     if is_quantized(model) or any(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules()):
         raise InputError("quantize_model: the model is quantized already; load the float weights again to quantize them otherwise")
+    adapted = [name for name, _ in lora_layers(model)]
+    if adapted:
+        raise InputError(
+            f"quantize_model: {', '.join(adapted[:3])}{' ...' if len(adapted) > 3 else ''} hold unmerged LoRA adapters, "
+            "which a quantized layer cannot keep; merge them into the weights first (models.lora.merge_lora)"
+        )
     targets = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
     if not targets:
         raise InputError(f"quantize_model: {type(model).__name__} holds no nn.Linear or nn.Embedding to quantize")

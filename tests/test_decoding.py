@@ -6,6 +6,7 @@ search from enumerating every sequence, the target's distribution from its logit
 chi-square test (its survival function written here) that a deliberately wrong acceptance rule
 must fail.
 """
+import copy
 import itertools
 import math
 import re
@@ -15,12 +16,15 @@ import pytest
 
 import generate
 import microtensor as mt
+from helpers import needs_jit
 from microtensor.errors import InputError
 from models import checkpoint, decoding
 from models.bpe import BytePairTokenizer
 from models.data import CharTokenizer
 from models.decoding import SpeculativeDecoder, WindowedCache, accept_or_resample, beam_search, speculative_generate
 from models.gpt import GPT, GPTConfig
+from models.lora import add_lora, merge_lora
+from models.quantize import quantize_model
 
 
 def tiny_gpt(seed, scale=3.0, dtype=mt.float64, **options):
@@ -447,10 +451,12 @@ def test_speculative_decoding_prints_its_acceptance_rate_and_matches_greedy_text
     code, said, out = run(folders, capsys, "--draft-dir", folders["draft"], "--speculate", "3", "--temperature", "0")
     assert code == 0, said
     assert re.search(r"\d+ of \d+ accepted, acceptance rate \d+%", said) and "tokens/s" in said
+    per_round = float(re.search(r"([\d.]+) proposals per round \(--speculate 3\)", said).group(1))
+    assert 0 < per_round <= 3  # the windows may cap a round below --speculate, never above
     code, _, plain = run(folders, capsys, "--temperature", "0")
     assert code == 0 and generated_text(out) == generated_text(plain) != []
     code, said, _ = run(folders, capsys, "--draft-dir", folders["draft"], "--num-samples", "2", "--top-k", "5")
-    assert code == 0 and "3 proposals" not in said and "4 proposals per round" in said  # the default --speculate
+    assert code == 0 and "--speculate 3" not in said and "(--speculate 4)" in said  # the default --speculate
 
 
 def test_a_bpe_model_takes_a_draft_with_the_same_merges_and_refuses_others(folders, capsys):
@@ -490,3 +496,50 @@ def test_bad_flags_are_refused_by_name(folders, capsys, flags, message):
     assert code == 1
     assert message.format(**folders) in said
     assert "Traceback" not in said
+
+
+# ================================================ models the one-token kernel cannot run as they are
+
+
+def adapted_copy(model, seed):
+    """`model` with LoRA adapters whose B is not zero, so that they change every logit."""
+    adapted = add_lora(copy.deepcopy(model), rank=2, alpha=2.0, targets=("c_attn", "c_proj", "c_fc"))
+    rng = np.random.default_rng(seed)
+    for name, parameter in adapted.named_parameters():
+        if name.endswith("lora_b"):
+            parameter.data = rng.normal(0, 0.5, parameter.shape).astype(parameter.dtype)
+    return adapted
+
+
+@needs_jit
+def test_beam_search_and_speculative_decoding_see_unmerged_lora_adapters():
+    # The fast set's one-token kernel reads each layer's base weight only: these models must take the modules' path.
+    target = adapted_copy(tiny_gpt(0, dtype=mt.float32), seed=1)
+    merged = merge_lora(target)
+    draft = tiny_gpt(2, dtype=mt.float32)
+    prompt = [1, 2]
+    with mt.using_kernels("fast"):
+        expected = greedy(merged, prompt, 12)
+        assert not np.array_equal(expected, greedy(tiny_gpt(0, dtype=mt.float32), prompt, 12))  # the adapters matter
+        np.testing.assert_array_equal(beam_search(target, prompt, 1, 12).tokens, expected)
+        np.testing.assert_array_equal(speculative_generate(target, draft, prompt, 12, 3, temperature=0)[0], expected)
+        np.testing.assert_array_equal(speculative_generate(draft, target, prompt, 12, 3, temperature=0)[0], greedy(draft, prompt, 12))
+
+
+@needs_jit
+@pytest.mark.parametrize("bits", [8, 4])
+def test_beam_search_and_speculative_decoding_run_a_quantized_model(bits):
+    target = quantize_model(tiny_gpt(0, dtype=mt.float32, n_embd=32), bits=bits)
+    draft = tiny_gpt(2, dtype=mt.float32)
+    prompt = [1, 2]
+    with mt.using_kernels("readable"):
+        expected = greedy(target, prompt, 12)  # past block_size (8): the window moves, and one-token steps follow
+    with mt.using_kernels("fast"):
+        np.testing.assert_array_equal(beam_search(target, prompt, 1, 12).tokens, expected)
+        np.testing.assert_array_equal(speculative_generate(target, draft, prompt, 12, 3, temperature=0)[0], expected)
+
+
+def test_quantizing_a_model_with_unmerged_lora_adapters_is_refused():
+    adapted = adapted_copy(tiny_gpt(0, dtype=mt.float32), seed=1)
+    with pytest.raises(mt.InputError, match=r"quantize_model: transformer\.h\.0\..* hold unmerged LoRA adapters, .* merge them into the weights first"):
+        quantize_model(adapted)

@@ -2,12 +2,14 @@
 (B = 0 starts at the base exactly, training moves only A and B, merging keeps the logits); adapter
 checkpoints; train.py --init-from with and without --lora-rank, end to end; and every refusal."""
 import json
+import re
 import shutil
 import traceback
 
 import numpy as np
 import pytest
 
+import generate
 import microtensor as mt
 import train
 from microtensor import gradcheck
@@ -530,6 +532,16 @@ def test_the_fast_decode_path_sees_unmerged_adapters(trained_adapters):
         expected = adapted.generate(prompt, 20, temperature=0).numpy()
     with mt.using_kernels("fast"):
         np.testing.assert_array_equal(adapted.generate(prompt, 20, temperature=0).numpy(), expected)
+
+
+@pytest.mark.slow
+def test_quantizing_an_adapter_checkpoint_merges_its_adapters_first(trained_adapters, capsys):
+    capsys.readouterr()
+    assert generate.main(["--out-dir", str(trained_adapters), "--quantize", "int8", "--max-new-tokens", "5", "--prompt", "the "]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "LoRA adapters merged into the base's weights before quantizing to int8" in text
+    quantized_bytes, float_bytes = (int(n.replace(",", "")) for n in re.search(r"int8: ([\d,]+) bytes, from ([\d,]+)", text).groups())
+    assert quantized_bytes < 0.35 * float_bytes  # every matrix in 8 bits, the adapted ones too
 
 
 class Scene:

@@ -161,6 +161,8 @@ def test_errors_are_messages_not_tracebacks(tmp_path, corpus, capsys):
     assert run_train(tmp_path, corpus, "--max-iters", "2") == 0
     assert generate.main(["--out-dir", str(tmp_path / "out"), "--prompt", "XYZ"]) == 1
     assert "not in the vocabulary: 'XYZ'" in said(capsys)
+    assert generate.main(["--out-dir", str(tmp_path / "out"), "--merge-lora"]) == 1
+    assert "--merge-lora: given with" in said(capsys)
 
 
 def test_help_explains_every_flag(capsys):
@@ -331,6 +333,8 @@ def test_resume_refuses_flags_that_contradict_the_checkpoint(tmp_path, corpus, c
         (["--n-layer", "2"], "--n-layer: given 2 with --resume, expected the checkpoint's n_layer = 1"),
         (["--no-tie-weights"], "--no-tie-weights: given it with --resume, expected the checkpoint's tie_weights = True"),
         (["--max-iters", "3"], "--max-iters: given 3, expected at least the checkpoint's step 4"),
+        (["--tokenizer", "bpe"], "--tokenizer: given bpe with --resume, expected the checkpoint's tokenizer, char"),
+        (["--tokenizer", "bpe", "--vocab-size", "300"], "--tokenizer: given bpe with --resume, expected the checkpoint's tokenizer, char"),
     ]:
         assert run_train(tmp_path, corpus, "--resume", *flags) == 1
         assert message in said(capsys)

@@ -51,6 +51,7 @@ def test_variants_combine_in_one_run_and_resume(tmp_path, corpus, capsys):
     "flags, message",
     [
         (["--n-expert", "3"], "--n-expert: given 3 without --mlp moe, expected --mlp moe as well: alone it changes nothing"),
+        (["--n-expert", "1"], "--n-expert: given 1 without --mlp moe"),  # not the top-k (2) it would then fall below
         (["--moe-aux-weight", "0.1"], "--moe-aux-weight: given 0.1 without --mlp moe"),
         (["--vocab-size", "300"], "--vocab-size: given 300 without --tokenizer bpe"),
         (["--tokenizer", "bpe", "--vocab-size", "200"], "--vocab-size: given 200, expected an integer >= 256"),
