@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from . import autograd
-from .errors import InputError, InputTypeError, MicrotensorError
+from .errors import InputError, InputIndexError, InputTypeError, MicrotensorError
 from .tensor import Tensor, describe
 
 
@@ -51,7 +51,10 @@ def trace_backward(loss, grad=None, stop_at=None, show_values=False, max_value_e
 
     stop_at: an index (int) or an op name ("LayerNorm"): that op's backward runs under pdb, which
         stops at its first line with `ctx` (its inputs, `ctx.saved_tensors`) and `grad_out` at hand;
-        `c` continues the backward pass.
+        `c` continues the backward pass. A negative index counts from the end, as in Python: -1 is
+        the graph's last op in the engine's order (the one nearest the inputs), counted before the
+        walk starts; one below -(number of ops) is refused. (A backward that returns None for an
+        input leaves the ops only it reached unvisited, so fewer ops may run than the graph has.)
     show_values: print the gradients themselves for tensors of at most `max_value_elements`.
     Returns the rows as a list of dicts (the same numbers as printed).
     """
@@ -61,6 +64,16 @@ def trace_backward(loss, grad=None, stop_at=None, show_values=False, max_value_e
         raise InputTypeError(f"trace_backward: stop_at must be an op's index (int) or name (str), got {describe(stop_at)}")
     console = console or Console()
     rows = []
+    given = stop_at  # as the user wrote it, for the messages
+    if isinstance(stop_at, int) and stop_at < 0 and loss.requires_grad:  # without a graph, backward says so below
+        # the engine visits the graph's ops in reversed topological order, so their number is known before the walk
+        count = sum(tensor.grad_fn is not None for tensor in autograd.topological_order(loss))
+        stop_at += count
+        if stop_at < 0:
+            raise InputIndexError(
+                f"trace_backward: stop_at={given}, but the graph has {count} op{'s' if count != 1 else ''}"
+                + (f": expected an index from {-count} to {count - 1}" if count else ", so there is nothing to stop at")
+            )
 
     def run_op(ctx, grad_out):
         index, name = len(rows), ctx.name
@@ -99,7 +112,7 @@ def trace_backward(loss, grad=None, stop_at=None, show_values=False, max_value_e
     if isinstance(stop_at, str) and stop_at not in names:
         console.print(f"[yellow]trace_backward: no op named {stop_at!r} ran; the ops were {', '.join(dict.fromkeys(names))}[/]")
     elif isinstance(stop_at, int) and not 0 <= stop_at < len(rows):
-        console.print(f"[yellow]trace_backward: stop_at={stop_at}, but the backward ran ops 0 to {len(rows) - 1}[/]")
+        console.print(f"[yellow]trace_backward: stop_at={given}, but the backward ran ops 0 to {len(rows) - 1}[/]")
     return rows
 
 
@@ -162,6 +175,8 @@ def graph_tree(root, names=None):
     times says that its gradients add up. A part already shown is not repeated.
 
     names: an optional {name: tensor} (e.g. dict(model.named_parameters())) to label tensors."""
+    if not isinstance(root, Tensor):
+        raise InputTypeError(f"graph_tree: expected a Tensor, got {describe(root)}")
     names = {id(t): n for n, t in (names or {}).items()}
     uses = _uses(_graph_nodes(root)) if root.requires_grad else Counter()
     shown = set()
@@ -193,6 +208,8 @@ def graph_tree(root, names=None):
 
 def show_graph(root, names=None, console=None):
     """Print `graph_tree(root, names)`."""
+    if not isinstance(root, Tensor):  # checked here too, so that the error names the function called
+        raise InputTypeError(f"show_graph: expected a Tensor, got {describe(root)}")
     (console or Console()).print(graph_tree(root, names))
 
 
@@ -232,13 +249,23 @@ class GraphvizMissing(MicrotensorError):
     """render() needs Graphviz's `dot` program, and it is not on the PATH."""
 
 
+class GraphvizFailed(MicrotensorError, RuntimeError):
+    """Graphviz's `dot` program ran and failed; the message includes what it said."""
+
+
 def render(root, path, names=None):
     """Draw the graph to `path` (.svg or .png) with Graphviz's `dot` program; GraphvizMissing says
-    so when it is not installed (to_dot still gives the text)."""
+    so when it is not installed (to_dot still gives the text), and GraphvizFailed when dot fails,
+    with what dot said. The folder of `path` must exist."""
+    if not isinstance(root, Tensor):
+        raise InputTypeError(f"render: expected a Tensor, got {describe(root)}")
     path = str(path)
     fmt = path.rsplit(".", 1)[-1].lower()
     if fmt not in ("svg", "png"):
         raise InputError(f"render: the file must end in .svg or .png, got {path!r}")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise InputError(f"render: the folder {folder!r} of {path!r} is not an existing folder; create it first (os.makedirs) or pick another path")
     dot = to_dot(root, names)
     executable = shutil.which("dot")
     if executable is None:
@@ -246,5 +273,8 @@ def render(root, path, names=None):
             "render: Graphviz's `dot` program is not installed (apt-get install graphviz, brew install graphviz, "
             "or conda install graphviz); to_dot() gives the DOT text, which https://dreampuf.github.io/GraphvizOnline draws"
         )
-    subprocess.run([executable, f"-T{fmt}", "-o", path], input=dot.encode(), check=True)
+    done = subprocess.run([executable, f"-T{fmt}", "-o", path], input=dot.encode(), capture_output=True)
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip() or "nothing on stderr"
+        raise GraphvizFailed(f"render: Graphviz's dot failed (exit status {done.returncode}) drawing {path!r}: {said}")
     return path

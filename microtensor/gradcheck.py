@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from .errors import InputError, InputTypeError, MicrotensorError
-from .tensor import FLOAT_DTYPES, Tensor, check_flag, describe, float64
+from .tensor import Tensor, check_flag, describe, float64
 
 
 class GradcheckReport:
@@ -171,8 +171,9 @@ def _contracted_output(fn, inputs, upstream):
 def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_elements=None, raise_exception=True):
     """Check the backward of `fn` at `inputs` against central finite differences.
 
-    fn: takes the tensors in `inputs` and returns one Tensor.
-    inputs: Tensors; those with requires_grad=True are checked and must be float64 without NaN/inf.
+    fn: takes the tensors in `inputs` and returns one float64 Tensor.
+    inputs: Tensors; those with requires_grad=True are checked and must be leaves (backward fills
+        .grad only there), float64, without NaN/inf. Gradients must be enabled (not inside no_grad()).
     eps, atol, rtol: step and tolerance; an element fails when |analytic - numeric| > atol + rtol |numeric|.
     seed: for the random upstream gradient (and the sampled elements).
     max_elements: check at most this many randomly chosen elements of each input (for big inputs).
@@ -200,11 +201,24 @@ def gradcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_ele
     if isinstance(inputs, Tensor) or not hasattr(inputs, "__iter__"):
         raise InputTypeError(f"gradcheck: inputs must be a list or tuple of Tensors (and other arguments), got {describe(inputs)}")
     inputs = tuple(inputs)
+    from .autograd import is_grad_enabled  # here: autograd imports the tensor module, which imports this one
+
+    if not is_grad_enabled():
+        raise InputError(
+            "gradcheck: gradients are disabled (it was called inside mt.no_grad()), so fn's ops record no graph "
+            "for backward to check; call gradcheck outside no_grad()"
+        )
     checked = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
     if not checked:
         raise InputError("gradcheck: no input has requires_grad=True, so there is nothing to check")
     for i in checked:
         x = inputs[i]
+        if not x.is_leaf:
+            # backward fills .grad on leaves only, and the ops that made x ran outside fn
+            raise InputError(
+                f"gradcheck: input {i} (shape {x.shape}) is not a leaf (it was made by {x.grad_fn.name}), so backward "
+                "does not fill its .grad: pass a leaf tensor, e.g. x.detach().requires_grad_()"
+            )
         if x.dtype != float64:
             raise InputTypeError(
                 f"gradcheck: input {i} (shape {x.shape}) is {x.dtype}; finite differences need float64 "
@@ -223,8 +237,12 @@ def gradcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_ele
     out = fn(*inputs)
     if not isinstance(out, Tensor):
         raise InputTypeError(f"gradcheck: fn must return a Tensor, got {describe(out)}")
-    if out.dtype not in FLOAT_DTYPES:
-        raise InputTypeError(f"gradcheck: fn returned a {out.dtype} output of shape {out.shape}; expected float64")
+    if out.dtype != float64:
+        # float32's rounding (~1e-7 relative) swamps a step of eps = 1e-6, and would read as a wrong backward
+        raise InputTypeError(
+            f"gradcheck: fn returned an output of dtype {out.dtype} and shape {out.shape}; expected float64, "
+            "which finite differences need: compute fn in float64, or end it with .double()"
+        )
     if not np.all(np.isfinite(out.data)):
         raise InputError(f"gradcheck: fn returned an output of shape {out.shape} with non-finite values (nan or inf)")
     if not out.requires_grad:
@@ -411,7 +429,8 @@ class RandomDraw:
             too_close = np.abs(values - away_from) < 0.05
             values[too_close] = away_from + np.where(values[too_close] >= away_from, 0.05, -0.05) * 2
         array = self._layout(values.reshape(shape), layout)
-        return Tensor(array, requires_grad=requires_grad)
+        # Tensor(array) would copy a strided array into contiguous memory: keep the layout as drawn.
+        return Tensor._from_array(array, requires_grad)
 
     def indices(self, shape, high):
         """An int64 tensor of values in [0, high)."""

@@ -217,6 +217,13 @@ def test_trace_says_when_the_op_to_stop_at_never_ran():
         debug.trace_backward(np.ones(3))
 
 
+def test_a_negative_stop_at_before_the_first_op_is_refused_before_the_backward():
+    loss, leaves = small_graph()
+    with pytest.raises(mt.InputIndexError, match=r"trace_backward: stop_at=-4, but the graph has 3 ops: expected an index from -3 to 2"):
+        debug.trace_backward(loss, stop_at=-4, console=recording_console())
+    assert leaves["x"].grad is None  # refused up front: no backward ran
+
+
 STOP_SCRIPT = textwrap.dedent(
     """
     import sys
@@ -230,7 +237,7 @@ STOP_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("stop_at", ["LayerNorm", 2])
+@pytest.mark.parametrize("stop_at", ["LayerNorm", 2, -1])  # -1: the last of the three ops, LayerNorm
 def test_stop_at_drops_into_pdb_inside_the_ops_backward(stop_at):
     script = STOP_SCRIPT.format(tests=str(ROOT / "tests"), stop_at=stop_at)
     commands = "p ctx.name\np [a.shape for a in ctx.saved_tensors]\np grad_out.shape\nc\n"
@@ -273,6 +280,13 @@ def test_graph_tree_shows_a_shared_part_once():
     assert text.count("Exp →") == 2 and "(shown above)" in text
 
 
+def test_graph_views_refuse_a_non_tensor(tmp_path):
+    for view, call in (("show_graph", lambda: debug.show_graph(3)), ("graph_tree", lambda: debug.graph_tree(3)),
+                       ("render", lambda: debug.render(3, tmp_path / "graph.svg"))):  # fmt: skip
+        with pytest.raises(InputTypeError, match=f"{view}: expected a Tensor, got int"):
+            call()
+
+
 def parse_dot(text):
     nodes = dict(re.findall(r'^\s*(t\d+) \[label="([^"]*)"', text, flags=re.M))
     edges = re.findall(r"^\s*(t\d+) -> (t\d+);", text, flags=re.M)
@@ -313,6 +327,24 @@ def test_render_without_graphviz_says_what_to_install(tmp_path, monkeypatch):
         debug.render(small_graph()[0], tmp_path / "graph.svg")
     with pytest.raises(InputError, match="must end in .svg or .png"):
         debug.render(small_graph()[0], tmp_path / "graph.pdf")
+
+
+def test_render_checks_the_folder_before_looking_for_graphviz(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # the check must not need dot
+    path = tmp_path / "missing" / "graph.svg"
+    with pytest.raises(InputError, match=f"render: the folder '{re.escape(str(path.parent))}' of .* is not an existing folder"):
+        debug.render(small_graph()[0], path)
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_render_says_what_dot_said_when_it_fails(tmp_path):
+    path = tmp_path / "taken.svg"
+    path.mkdir()  # a folder where the file should go: dot cannot write it
+    said = subprocess.run(["dot", "-Tsvg", "-o", str(path)], input=b"digraph {}", capture_output=True).stderr.decode().strip()
+    assert said  # what dot says about it, in this Graphviz's words
+    with pytest.raises(debug.GraphvizFailed, match=r"render: Graphviz's dot failed \(exit status \d+\) drawing .*taken\.svg'") as info:
+        debug.render(small_graph()[0], path)
+    assert said in str(info.value)
 
 
 def test_the_pictured_graph_in_the_docs_is_current(tmp_path):

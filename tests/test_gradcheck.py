@@ -13,7 +13,7 @@ import pytest
 
 import microtensor as mt
 from microtensor import Function, GradcheckError, gradcheck
-from microtensor.gradcheck import GradcheckReport, gradcheck_report
+from microtensor.gradcheck import GradcheckReport, RandomDraw, gradcheck_report
 
 
 def make_function(backward):
@@ -359,3 +359,50 @@ def test_fn_and_inputs_are_checked():
 
 def test_gradcheck_error_is_a_microtensor_error_and_an_assertion():
     assert issubclass(GradcheckError, mt.MicrotensorError) and issubclass(GradcheckError, AssertionError)
+
+
+def test_a_non_leaf_input_is_refused_with_the_way_to_make_a_leaf():
+    leaf = mt.randn(2, 3, dtype=mt.float64, requires_grad=True)
+    softmax = lambda x: mt.functional.softmax(x, dim=-1)  # noqa: E731
+    message = r"gradcheck: input 0 \(shape \(2, 3\)\) is not a leaf \(it was made by Mul\), .*x\.detach\(\)\.requires_grad_\(\)"
+    with pytest.raises(mt.InputError, match=message):
+        gradcheck(softmax, [leaf * 2])
+    with pytest.raises(mt.InputError, match=message):
+        gradcheck_report(softmax, [leaf * 2])
+    assert gradcheck(softmax, [(leaf * 2).detach().requires_grad_()])  # the fix the message suggests
+
+
+def test_a_float32_output_is_refused_not_reported_as_a_wrong_backward():
+    x = mt.randn(3, dtype=mt.float64, requires_grad=True)
+    to_float32 = lambda x: (x * 2).float()  # noqa: E731
+    message = r"gradcheck: fn returned an output of dtype float32 and shape \(3,\); expected float64"
+    # a refused input raises from all three, as the other input checks do; only a gradient mismatch is a report
+    with pytest.raises(mt.InputTypeError, match=message):
+        gradcheck(to_float32, [x])
+    with pytest.raises(mt.InputTypeError, match=message):
+        gradcheck(to_float32, [x], raise_exception=False)
+    with pytest.raises(mt.InputTypeError, match=message):
+        gradcheck_report(to_float32, [x])
+
+
+def test_gradcheck_under_no_grad_says_gradients_are_disabled():
+    x = mt.randn(3, dtype=mt.float64, requires_grad=True)
+    with mt.no_grad():
+        with pytest.raises(mt.InputError, match=r"gradcheck: gradients are disabled \(it was called inside mt\.no_grad\(\)\)"):
+            gradcheck(mt.functional.exp, [x])
+    assert gradcheck(mt.functional.exp, [x])  # and no_grad's end turned them back on
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5)])
+def test_random_draw_stores_each_layout_as_it_says(shape):
+    # The registry's cases reach the kernels in these layouts: a copy into contiguous memory would hide them.
+    draws = {layout: RandomDraw(0).tensor(shape, layout=layout) for layout in RandomDraw.LAYOUTS}
+    assert draws["contiguous"].data.flags.c_contiguous
+    transposed = draws["transposed"].data
+    assert transposed.flags.f_contiguous and not transposed.flags.c_contiguous
+    strided = draws["strided"].data
+    assert not strided.flags.c_contiguous and not strided.flags.f_contiguous
+    assert strided.strides[-1] == 2 * strided.itemsize  # every other element of a padded buffer
+    for tensor in draws.values():
+        np.testing.assert_array_equal(tensor.data, draws["contiguous"].data)  # the same values, drawn from one seed
+        assert tensor.requires_grad and tensor.dtype == mt.float64
