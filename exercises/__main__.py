@@ -4,6 +4,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from . import catalog
 
@@ -36,41 +38,59 @@ def check(args):
     path = exercise.solution_path() if args.solution else exercise.student_path()  # says so now if solutions were removed
     if args.pdb:  # breakpoints and post-mortem frames exist only in plain Python
         return _run(exercise.key, args.solution, plain_python=True, extra=["--pdb"])
-    modes = [True, False] if not (args.python or args.numba) else [args.python]
-    if modes == [True, False] and "@kernel" not in path.read_text():
-        modes = [True]  # numpy code only: a compiled run would run the very same code again
-    for plain_python in modes:
-        code = _run(exercise.key, args.solution, plain_python)
-        if code == 1 and len(modes) == 2 and plain_python:
-            print("(the compiled run comes once this one passes)")
-        if code != 0:
-            return code
-        print()
-    if modes == [True] and not args.python:
+    from .runner import (  # imports microtensor: only when needed
+        combine,
+        load_results,
+        modes_of,
+        verdict,
+    )
+
+    source = "solution" if args.solution else "student"
+    default = not (args.python or args.numba)
+    modes = modes_of(exercise, source) if default else [args.python]
+    runs = []
+    with tempfile.TemporaryDirectory() as folder:
+        for plain_python in modes:
+            saved = Path(folder) / f"{plain_python}.json"
+            code = _run(exercise.key, args.solution, plain_python, extra=["--save", str(saved)])
+            if code == 1 and len(modes) == 2 and plain_python:
+                print("(the compiled run comes once this one passes)")
+            if code != 0:
+                return code
+            runs.append(load_results(saved)[exercise.key])
+            print()
+    if modes == [True] and default:
         print(f"({path.name} has no kernel: the compiled run would repeat the same numpy code, so it is skipped)")
-    return 0
+    if not default:
+        return 0
+    # the verdict `check --all` and `list` give too: a check skipped in every mode is not a passed one
+    status, counts = verdict(combine(runs))
+    skipped = [r for r in combine(runs) if r.skipped]
+    print(f"Overall ({' and '.join('as plain Python' if m else 'compiled' for m in modes)}): {status}, {counts}"
+          + "".join(f"\n  not run in any mode: {r.name} ({r.message})" for r in skipped))
+    return 0 if status == "passing" else 1
 
 
 def check_all(args):
-    """Every exercise, one line each: what a teacher reads when grading a student's folder."""
-    from .runner import run_checks  # imports microtensor: only when needed
+    """Every exercise, one line each: what a teacher reads when grading a student's folder, graded
+    exactly as `check NAME` grades it (runner.grade: the same modes, skipped checks counted apart)."""
+    from .runner import grade, verdict  # imports microtensor: only when needed
 
-    failures = 0
     exercises = catalog.all_exercises()
     width = max(len(e.key) for e in exercises)
     source = "solution" if args.solution else "student"
+    graded = grade(exercises, source)
     for exercise in exercises:
-        if source == "student" and exercise.not_started():
+        status, results = graded[exercise.key]
+        if status == "not started":
             print(f"{exercise.key:<{width}}  not started")
-            failures += 1
             continue
-        results = run_checks(exercise, source)
-        passed = sum(r.passed for r in results)
-        verdict = "passing" if passed == len(results) else "failing"
-        failures += verdict != "passing"
-        first = next((r.name for r in results if not r.passed), "")
-        print(f"{exercise.key:<{width}}  {verdict:<8} {passed}/{len(results)} checks" + (f"   first failing: {first}" if first else ""))
-    return 1 if failures else 0
+        counts = verdict(results)[1]
+        first = next((r for r in results if r.failed), None)
+        skipped = next((r for r in results if r.skipped), None)
+        tail = f"   first failing ({first.mode}): {first.name}" if first else f"   not run: {skipped.name} ({skipped.message})" if skipped else ""
+        print(f"{exercise.key:<{width}}  {status:<10} {counts}{tail}")
+    return 0 if all(status == "passing" for status, _ in graded.values()) else 1
 
 
 def markdown_table():
@@ -88,16 +108,20 @@ def list_exercises(markdown=False):
     if markdown:
         print(markdown_table())
         return 0
-    from .runner import status_of
+    from .runner import grade
 
     exercises = catalog.all_exercises()
+    # The status column is the verdict `check NAME` would give (runner.grade, both modes), not a quicker
+    # guess: a teacher reads "passing" as "check passes"; only started files run, and the kernel cache
+    # keeps the compiled run to seconds after the first.
+    graded = grade(exercises)
     width = max(len(e.key) for e in exercises)
     print(f"{'exercise':<{width}}  {'topic':<44} {'time':>7}  status")
     for exercise in exercises:
-        print(f"{exercise.key:<{width}}  {exercise.topic:<44} {exercise.minutes:>4} min  {status_of(exercise)}")
+        print(f"{exercise.key:<{width}}  {exercise.topic:<44} {exercise.minutes:>4} min  {graded[exercise.key][0]}")
     total = sum(e.minutes for e in exercises)
     print(f"\n{len(exercises)} exercises, about {total // 60} h {total % 60:02d} min in all. "
-          "Statuses come from the checks run as plain Python; `check NAME` runs them compiled too.")
+          "Statuses are `check NAME`'s verdicts: as plain Python, then compiled.")
     return 0
 
 
@@ -172,9 +196,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in ("list",) or "--all" in sys.argv:
-        # statuses from plain Python: every exercise in one process, no kernel to compile
-        os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
     try:
         sys.exit(main())
     except BrokenPipeError:  # `python -m exercises list | head`: the reader stopped early

@@ -121,9 +121,14 @@ def gradcheck(function, inputs, **options):
 
 
 def float64_arithmetic(kernel, *arguments):
-    """The variables a compiled kernel computes in float64 when called with `arguments` (float32
-    arrays, say): Numba types a bare Python `1.0` as float64, and float32 math mixed with it
-    becomes float64. Under NUMBA_DISABLE_JIT=1 there are no compiled types to read: the check is skipped."""
+    """Where a compiled kernel computes in float64 when called with `arguments` (float32 arrays,
+    say): Numba types a bare Python `1.0` as float64, and float32 math mixed with it becomes float64.
+    A list of the lines of the student's file, as "line 23 of tanh.py (`the line`)", empty when all
+    is float32; Numba's internal names ($binop_mul12.3) never reach a student. Under
+    NUMBA_DISABLE_JIT=1 there are no compiled types to read: the check is skipped."""
+    import linecache
+    from pathlib import Path
+
     import numba
 
     if numba.config.DISABLE_JIT:
@@ -132,5 +137,24 @@ def float64_arithmetic(kernel, *arguments):
     signature = tuple(numba.typeof(argument) for argument in arguments)
     fresh = numba.njit(function)  # a compilation of our own, which keeps the inferred types
     fresh.compile(signature)
-    types = fresh.overloads[signature].type_annotation.typemap
-    return sorted(name for name, t in types.items() if t == numba.float64 and (not name.startswith("$") or name.startswith("$binop")))
+    annotation = fresh.overloads[signature].type_annotation
+    types = annotation.typemap
+    promoted = {name for name, t in types.items() if t == numba.float64 and (not name.startswith("$") or name.startswith("$binop"))}
+    if not promoted:
+        return []
+    lines = {}  # (file, line) -> the variables computed there, from the typed IR's locations
+    for block in annotation.blocks.values():
+        for instruction in block.body:
+            target = getattr(instruction, "target", None)
+            if isinstance(instruction, numba.core.ir.Assign) and target.name in promoted and instruction.loc.line:
+                lines.setdefault((instruction.loc.filename, instruction.loc.line), set()).add(target.name)
+    placed = set().union(*lines.values()) if lines else set()
+    where = []
+    for (filename, number) in sorted(lines):
+        text = linecache.getline(filename, number).strip()
+        where.append(f"line {number} of {Path(filename).name}" + (f" (`{text}`)" if text else ""))
+    unplaced = promoted - placed  # no location known: your variables by name, Numba's own counted
+    where += sorted(name.split(".")[0] for name in unplaced if not name.startswith("$"))
+    if any(name.startswith("$") for name in unplaced):
+        where.append("some intermediate results")
+    return where

@@ -2,6 +2,7 @@
 the reference solution (compiled here; as plain Python in CI's NUMBA_DISABLE_JIT=1 run)."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exercises import catalog
-from exercises.runner import run_checks, status_of
+from exercises.runner import CheckResult, combine, run_checks, status_of, verdict
 from microtensor.gradcheck import GRADCHECK_CASES
 
 EXERCISES = catalog.all_exercises()
@@ -65,7 +66,7 @@ def test_untouched_fails_and_solution_passes(exercise):
     assert not all(r.passed for r in student), f"{exercise.key}: every check passes on the untouched student file"
     assert any(r.todo for r in student), f"{exercise.key}: no check reached a TODO"
     solution = run_checks(exercise, "solution")
-    failed = [f"{r.name}: {r.message}" for r in solution if not r.passed]
+    failed = [f"{r.name}: {r.message}" for r in solution if r.failed]
     assert not failed, f"{exercise.key}: the reference solution fails:\n" + "\n".join(failed)
 
 
@@ -105,7 +106,9 @@ def test_check_solution_passes_as_python_and_compiled():
     result = _exercises("check", "01", "--solution")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "as plain Python (NUMBA_DISABLE_JIT=1)" in result.stdout and "compiled by Numba" in result.stdout
-    assert result.stdout.count("Verdict: passing, all 5 checks") == 2
+    assert "Verdict: no check fails in this mode: 4 of 5 pass, 1 skipped here." in result.stdout  # the float32 one
+    assert "Verdict: passing, all 5 checks." in result.stdout
+    assert "Overall (as plain Python and compiled): passing, 5/5 checks" in result.stdout
 
 
 @needs_solutions
@@ -171,3 +174,58 @@ def test_exercise_facts_are_read_and_bad_ones_named(tmp_path):
         catalog.read_facts(facts)
     with pytest.raises(catalog.BrokenExercise, match="no exercise.toml; every exercise folder needs one"):
         catalog.read_facts(tmp_path / "nowhere" / "exercise.toml")
+
+
+def test_a_check_skipped_in_every_mode_is_not_a_passed_one():
+    def run(mode, skipped_too):
+        return [CheckResult("a", True, 0.0, mode=mode), CheckResult("b", False, 0.0, "no torch", skipped=skipped_too, mode=mode)]
+
+    one_mode_only = combine([run("as plain Python", True), [CheckResult("a", True, 0.0), CheckResult("b", True, 0.0)]])
+    assert verdict(one_mode_only) == ("passing", "2/2 checks")
+    assert verdict(combine([run("as plain Python", True), run("compiled", True)])) == ("incomplete", "1/2 checks, 1 skipped")
+    assert verdict(combine([run("as plain Python", True)])) == ("incomplete", "1/2 checks, 1 skipped")
+    assert verdict(combine([run("as plain Python", False)]))[0] == "failing"
+
+
+TANH_TODO = re.compile(r"    # TODO: for every i.*\n.*raise NotImplementedError\(\"TODO: tanh_backward \(exercise 1\)\"\)")
+COMPILE_ONLY_MISTAKES = {
+    # numpy that Numba cannot compile: right as plain Python, a TypingError compiled
+    "einsum": '    grad_x[:] = np.einsum("i,i->i", grad_y, 1 - y * y)',
+    # the right formula with a bare 1.0: float32 arrays computed in float64, seen only compiled
+    "bare_float": "    for i in range(y.shape[0]):\n        grad_x[i] = grad_y[i] * (1.0 - y[i] * y[i])",
+}
+
+
+def _copy_with_tanh(tmp_path, body):
+    """A copy of exercises/ (no solutions) whose tanh.py has `body` for its TODO: the real files stay untouched."""
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("solutions", "__pycache__"))
+    student = tmp_path / "exercises" / "01_tanh" / "tanh.py"
+    text, replaced = TANH_TODO.subn(body.replace("\\", "\\\\"), student.read_text())
+    assert replaced == 1, "tanh.py's TODO is not where this test expects it"
+    student.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("mistake", COMPILE_ONLY_MISTAKES)
+def test_a_compile_only_mistake_fails_in_check_all_and_list_as_in_check(tmp_path, mistake):
+    """`check --all` and `list` grade in the modes `check NAME` runs: a file it fails is never passing."""
+    copy = _copy_with_tanh(tmp_path, COMPILE_ONLY_MISTAKES[mistake])
+    environment = dict(os.environ)
+    run = lambda *args: subprocess.run(
+        [sys.executable, "-m", "exercises", *args], cwd=copy, env=environment,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    checked, everything, listed = run("check", "tanh"), run("check", "--all"), run("list")
+    assert checked.returncode == 1 and "Verdict: failing, " in checked.stdout, checked.stdout + checked.stderr
+    assert everything.returncode == 1, everything.stdout + everything.stderr
+    assert re.search(r"^01_tanh +failing +\d/5 checks +first failing \(compiled\): ", everything.stdout, re.MULTILINE), everything.stdout
+    assert re.search(r"^01_tanh .* min  failing$", listed.stdout, re.MULTILINE), listed.stdout + listed.stderr
+    out = checked.stdout
+    assert "--python" not in out, "a compile-only failure passes as plain Python: no advice to run it there"
+    assert "$binop" not in out and "$const" not in out, "Numba's internal names mean nothing to a student"
+    if mistake == "einsum":
+        assert "Numba could not compile your kernel tanh_backward (TypingError): Use of unsupported NumPy function 'numpy.einsum'" in out
+        assert re.search(r'at tanh\.py:\d+: grad_x\[:\] = np\.einsum\("i,i->i", grad_y, 1 - y \* y\)', out)
+        assert "write the loop" in out
+    else:
+        assert re.search(r"tanh_backward computes line \d+ of tanh\.py \(`grad_x\[i\] = grad_y\[i\] \* \(1\.0 - y\[i\] \* y\[i\]\)`\) in float64", out), out
