@@ -527,7 +527,7 @@ def test_beam_search_and_speculative_decoding_see_unmerged_lora_adapters():
 
 
 @needs_jit
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, pytest.param(4, marks=pytest.mark.slow)])  # int4 compiles kernels of its own
 def test_beam_search_and_speculative_decoding_run_a_quantized_model(bits):
     target = quantize_model(tiny_gpt(0, dtype=mt.float32, n_embd=32), bits=bits)
     draft = tiny_gpt(2, dtype=mt.float32)

@@ -206,6 +206,7 @@ def _copy_with_tanh(tmp_path, body):
     return tmp_path
 
 
+@pytest.mark.slow  # three programs, each compiling the student's kernel: CI's slow run takes it
 @pytest.mark.parametrize("mistake", COMPILE_ONLY_MISTAKES)
 def test_a_compile_only_mistake_fails_in_check_all_and_list_as_in_check(tmp_path, mistake):
     """`check --all` and `list` grade in the modes `check NAME` runs: a file it fails is never passing."""
