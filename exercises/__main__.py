@@ -1,13 +1,11 @@
 """python -m exercises list | check NAME [--solution] [--python | --numba] [--pdb] | check --all"""
 import argparse
 import importlib.util
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from . import catalog
+from . import catalog, run_in_process
 
 USAGE = """\
 python -m exercises list                    every exercise: topic, time, status
@@ -23,14 +21,8 @@ python -m exercises handout FOLDER          copy the project into FOLDER without
 
 
 def _run(name, solution, plain_python, extra=()):
-    """Run one exercise's checks in a process of its own, plain Python or compiled."""
-    environment = dict(os.environ)
-    if plain_python:
-        environment["NUMBA_DISABLE_JIT"] = "1"
-    else:
-        environment.pop("NUMBA_DISABLE_JIT", None)
-    command = [sys.executable, "-m", "exercises.runner", name, *(["--solution"] if solution else []), *extra]
-    return subprocess.run(command, env=environment, cwd=catalog.EXERCISES_DIR.parent, check=False).returncode
+    """Run one exercise's checks in a process of its own, plain Python or compiled: the exit code."""
+    return run_in_process([name], solution, plain_python, extra).returncode
 
 
 def check(args):
@@ -64,8 +56,9 @@ def check(args):
     if not default:
         return 0
     # the verdict `check --all` and `list` give too: a check skipped in every mode is not a passed one
-    status, counts = verdict(combine(runs))
-    skipped = [r for r in combine(runs) if r.skipped]
+    combined = combine(runs)
+    status, counts = verdict(combined)
+    skipped = [r for r in combined if r.skipped]
     print(f"Overall ({' and '.join('as plain Python' if m else 'compiled' for m in modes)}): {status}, {counts}"
           + "".join(f"\n  not run in any mode: {r.name} ({r.message})" for r in skipped))
     return 0 if status == "passing" else 1

@@ -14,9 +14,7 @@ import dataclasses
 import inspect
 import json
 import linecache
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ import numba
 import microtensor as mt
 from microtensor.gradcheck import GradcheckError
 
-from . import catalog
+from . import catalog, run_in_process
 from .checking import CheckFailed, CheckSkipped, load, load_exercise
 
 STATUSES = ("not started", "failing", "incomplete", "passing")  # incomplete: none failed, some could run in no mode
@@ -172,18 +170,9 @@ def verdict(results):
 def _run_modes(keys, source, plain_python):
     """The results of the checks of `keys` in a process of its own, in one mode: {key: [CheckResult]}.
     An exercise whose run crashed the process gets one failed result that says so."""
-    environment = dict(os.environ)
-    if plain_python:
-        environment["NUMBA_DISABLE_JIT"] = "1"
-    else:
-        environment.pop("NUMBA_DISABLE_JIT", None)
     with tempfile.TemporaryDirectory() as folder:
         saved = Path(folder) / "results.json"
-        command = [sys.executable, "-m", "exercises.runner", *keys, "--quiet", "--save", str(saved)]
-        finished = subprocess.run(
-            command + (["--solution"] if source == "solution" else []), env=environment,
-            cwd=catalog.EXERCISES_DIR.parent, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        finished = run_in_process(keys, source == "solution", plain_python, ["--quiet", "--save", str(saved)], capture_output=True, text=True)
         found = load_results(saved) if saved.exists() else {}
     where = PLAIN if plain_python else COMPILED
     crash = (finished.stderr.strip().splitlines() or [f"exit status {finished.returncode}"])[-1]
