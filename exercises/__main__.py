@@ -139,7 +139,12 @@ def handout(folder):
             left_out.add(catalog.SOLUTIONS_DIR.name)
         return left_out
 
-    shutil.copytree(root, target, ignore=ignore)
+    try:
+        shutil.copytree(root, target, ignore=ignore)
+    except OSError as error:  # a read-only folder, a full disk: leave no half copy behind
+        shutil.rmtree(target, ignore_errors=True)
+        reason = error.strerror or str(error)
+        raise HandoutError(f"handout: cannot copy the project to {target}: {reason}; give a folder you can write to") from None
     print(f"copied the project to {target}, without exercises/{catalog.SOLUTIONS_DIR.name}/")
     return 0
 
@@ -155,6 +160,10 @@ def _check_environment():
 
 
 class EnvironmentMissing(RuntimeError):
+    pass
+
+
+class HandoutError(RuntimeError):
     pass
 
 
@@ -183,7 +192,7 @@ def main(argv=None):
         if args.all == bool(args.name):
             parser.error("check: give an exercise's NAME, or --all")
         return check_all(args) if args.all else check(args)
-    except (catalog.UnknownExercise, catalog.SolutionMissing, catalog.BrokenExercise, EnvironmentMissing, FileExistsError, ValueError) as error:
+    except (catalog.UnknownExercise, catalog.SolutionMissing, catalog.BrokenExercise, EnvironmentMissing, HandoutError, FileExistsError, ValueError) as error:
         print(f"python -m exercises: {error}", file=sys.stderr)
         return 2
 

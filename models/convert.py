@@ -3,6 +3,7 @@
     python -m models.convert out/ model.safetensors      # export: train.py's checkpoint -> a file PyTorch loads
     python -m models.convert out/ model.npz              # the same as a numpy archive (no extra package)
     python -m models.convert model.safetensors out2/     # import: such a file -> out2/ckpt.npz
+    python -m models.convert lora/ model.npz --merge-lora  # a LoRA fine-tuning: adapters folded into the base
 
 The direction follows the first argument: a folder (holding train.py's ckpt.npz) is exported, a file is
 imported. After an import, `generate.py --out-dir out2` samples from the model and `train.py
@@ -50,6 +51,11 @@ under the key `__metadata__`):
 Import checks everything before it writes anything: the format and its version, the config, the
 vocabulary, every name (none missing, none unexpected), every shape the config implies, the dtypes,
 and that the values are finite. Each problem is named in one ConvertError, with the file's path.
+
+Only what the format can hold is exported: a checkpoint of a byte-level BPE tokenizer (`train.py
+--tokenizer bpe`) is refused, since the metadata carries a character vocabulary; an adapter
+checkpoint of a LoRA fine-tuning is exported with --merge-lora, which folds the adapters into its
+base's weights (the file then holds a plain GPT).
 """
 import argparse
 import json
@@ -60,6 +66,7 @@ import numpy as np
 
 import microtensor as mt
 from microtensor import nn
+from microtensor.errors import MicrotensorError
 
 from . import checkpoint
 from .gpt import GPT, GPTConfig
@@ -75,7 +82,7 @@ SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "F64": np.dtype(np.float64)}
 DEFAULT_SEED = 1337  # train.py's default --seed: the random states an import starts from
 
 
-class ConvertError(Exception):
+class ConvertError(MicrotensorError):
     """A file or a folder that cannot be converted; the message names it and says what is wrong."""
 
 
@@ -122,9 +129,10 @@ def expected_shapes(model):
 # ================================================================================= export
 
 
-def export_checkpoint(out_dir, path, force=False):
+def export_checkpoint(out_dir, path, force=False, merge_lora=False):
     """Write the checkpoint in out_dir (train.py's ckpt.npz) to `path`, a .safetensors or .npz file
-    in nanoGPT's layout. Returns the path written."""
+    in nanoGPT's layout. Returns the path written. merge_lora: for the adapter checkpoint of a LoRA
+    fine-tuning, fold the adapters into its base's weights (which it needs) and export that GPT."""
     path = Path(path)
     suffix = _suffix_of(path, "the export")
     _refuse_to_overwrite(path, force)
@@ -133,11 +141,28 @@ def export_checkpoint(out_dir, path, force=False):
     # checkpoint.load checks the file (CheckpointError names it if it is missing or broken), its meta,
     # and that its parameters are exactly a GPT of its config's, in one float dtype.
     model_state, _, meta = checkpoint.load(out_dir)
+    source = checkpoint.path_in(out_dir)
+    if "tokenizer" in meta:
+        raise ConvertError(
+            f"{source} was trained with a byte-level BPE tokenizer (train.py --tokenizer bpe); an export's metadata "
+            "carries a character vocabulary only, so it cannot hold this model's tokenizer: export a run of --tokenizer char"
+        )
+    if "lora" in meta and not merge_lora:
+        raise ConvertError(
+            f"{source} holds the LoRA adapters of a fine-tuning, not a full model; an export holds a plain GPT: "
+            "merge the adapters into the base's weights first with --merge-lora (export_checkpoint(..., merge_lora=True))"
+        )
+    if merge_lora and "lora" not in meta:
+        raise ConvertError(f"--merge-lora: given with {source}, expected a LoRA fine-tuning's checkpoint (train.py --lora-rank): this one has no adapters to merge")
     config = GPTConfig(**meta["config"])
     vocab = meta["vocab"]
-    dtype = next(iter(model_state.values())).dtype
-    model = _model_for(config, dtype)
-    model.load_state_dict(model_state)
+    if merge_lora:
+        model = checkpoint.load_model(out_dir, merge=True)[0]  # its base, found and checked by its sha256
+    else:
+        model = _model_for(config, next(iter(model_state.values())).dtype)
+        model.load_state_dict(model_state)
+    tensors = to_pytorch_layout(model.state_dict(), model)
+    dtype = next(iter(tensors.values())).dtype
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -149,14 +174,18 @@ def export_checkpoint(out_dir, path, force=False):
         "iteration": str(int(meta.get("iteration", 0))),
         "dtype": str(dtype),
     }
-    tensors = to_pytorch_layout(model.state_dict(), model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".safetensors":
-        _write_atomically(path, lambda tmp: safetensors.numpy.save_file(tensors, tmp, metadata=metadata))
-    else:
-        arrays = {**tensors, METADATA_KEY: np.array(json.dumps(metadata))}
-        _write_atomically(path, lambda tmp: np.savez(tmp, **arrays))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if suffix == ".safetensors":
+            _write_atomically(path, lambda tmp: safetensors.numpy.save_file(tensors, tmp, metadata=metadata))
+        else:
+            arrays = {**tensors, METADATA_KEY: np.array(json.dumps(metadata))}
+            _write_atomically(path, lambda tmp: np.savez(tmp, **arrays))
+    except OSError as error:  # a read-only folder, a full disk: path is left as it was
+        reason = f"{error.strerror} ({error.filename})" if error.strerror else str(error)
+        raise ConvertError(f"cannot write the export {path}: {reason}; expected a folder you can write to") from None
     return path
+
 
 
 # ================================================================================= import
@@ -230,6 +259,8 @@ def import_checkpoint(path, out_dir, force=False, dtype="float32", seed=DEFAULT_
     random generators start from `seed`, as a new train.py run with --seed does."""
     if dtype not in (None, "float32", "float64"):
         raise ConvertError(f"dtype must be float32, float64 or None (the file's), got {dtype!r}")
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ConvertError(f"seed (--seed) must be an integer >= 0, got {seed!r}")
     tensors, metadata = read_export(path)  # first, so that a wrong file is named before a wrong folder
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -410,6 +441,7 @@ def build_parser():
             "  python -m models.convert out/ model.npz           export to a numpy archive (nothing more needed)\n"
             "  python -m models.convert model.safetensors out2/  import, then: python generate.py --out-dir out2\n"
             "                                                    or: python train.py --out-dir out2 --resume ...\n"
+            "  python -m models.convert lora/ model.npz --merge-lora   export a LoRA fine-tuning, adapters merged\n"
             "docs/pytorch.md shows how to load the file into PyTorch and train it there, also with DDP."
         ),
         formatter_class=_HelpFormatter,
@@ -417,6 +449,7 @@ def build_parser():
     p.add_argument("source", help="a folder holding ckpt.npz (export), or a .safetensors/.npz export (import)")
     p.add_argument("dest", help="the .safetensors or .npz file to write (export), or the folder for ckpt.npz (import)")
     p.add_argument("--force", action="store_true", help="overwrite the file or checkpoint if it exists")
+    p.add_argument("--merge-lora", action="store_true", help="export: for a LoRA fine-tuning's checkpoint, fold the adapters into its base's weights (an export holds a plain GPT)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="import: the checkpoint's dtype (train.py and generate.py use float32)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="import: the seed of the checkpoint's random states (batches, dropout)")
     return p
@@ -427,14 +460,16 @@ def main(argv=None):
     source, dest = Path(args.source), Path(args.dest)
     try:
         if source.is_dir():
-            written = export_checkpoint(source, dest, force=args.force)
+            written = export_checkpoint(source, dest, force=args.force, merge_lora=args.merge_lora)
             print(f"exported {source / checkpoint.FILENAME} to {written} (nanoGPT's layout: see docs/pytorch.md)")
+        elif args.merge_lora and source.exists():
+            raise ConvertError(f"--merge-lora: given with the file {source}, expected the folder of a LoRA fine-tuning's checkpoint to export")
         elif source.exists():
             written = import_checkpoint(source, dest, force=args.force, dtype=args.dtype, seed=args.seed)
             print(f"imported {source} to {written}: sample with generate.py --out-dir {dest}, train on with train.py --out-dir {dest} --resume")
         else:
             raise ConvertError(f"{source}: no such file or folder")
-    except (ConvertError, checkpoint.CheckpointError) as error:
+    except MicrotensorError as error:  # ConvertError, CheckpointError, or a model's own check
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

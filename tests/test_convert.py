@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -444,3 +445,132 @@ def test_the_ddp_example_trains_on_two_processes_and_imports_back(torch, tmp_pat
     state, _, meta = checkpoint.load(tmp_path / "back")
     assert meta["iteration"] == 7 + 8
     assert not np.array_equal(state["transformer.wte.weight"], model.transformer.wte.weight.data)  # it trained
+
+
+# ================================================================================= checkpoints an export cannot hold as they are
+
+
+def bpe_checkpoint(folder):
+    """A checkpoint of `train.py --tokenizer bpe`: its meta holds BPE merges, no character vocabulary."""
+    from models.bpe import BytePairTokenizer
+
+    tokenizer = BytePairTokenizer.train("the king and the queen said the king " * 20, 260)
+    mt.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    meta = {"iteration": 3, "config": model.config.to_dict(), **checkpoint.tokenizer_meta(tokenizer), "best_val": None}
+    checkpoint.save(folder, model, optim.AdamW(optim.weight_decay_groups(model, 0.1)), meta)
+    return Path(folder)
+
+
+def lora_checkpoint(folder, base):
+    """A checkpoint of `train.py --init-from BASE --lora-rank 2`: adapters alone, and its base's name and hash."""
+    from models.lora import add_lora, lora_parameters, lora_state_dict
+
+    _, _, base_meta = checkpoint.load(base)
+    model = random_model("float32")
+    add_lora(model, 2, 4.0, ["c_attn", "c_proj"])
+    rng = np.random.default_rng(5)
+    for p in lora_parameters(model):
+        p.data[...] = rng.normal(0.0, 0.3, p.shape)  # lora_b starts at zero: give the adapters an effect
+    meta = {**base_meta, "lora": checkpoint.lora_meta(base, 2, 4.0, ["c_attn", "c_proj"])}
+    optimizer = optim.AdamW([{"params": lora_parameters(model), "weight_decay": 0.0}])
+    checkpoint.save(folder, model, optimizer, meta, parameters=lora_state_dict(model))
+    return Path(folder)
+
+
+def test_a_bpe_checkpoint_is_refused_naming_its_tokenizer(tmp_path):
+    with pytest.raises(convert.ConvertError, match=r"trained with a byte-level BPE tokenizer \(train.py --tokenizer bpe\)"):
+        convert.export_checkpoint(bpe_checkpoint(tmp_path / "bpe"), tmp_path / "model.npz")
+    assert not (tmp_path / "model.npz").exists()
+
+
+def test_a_lora_checkpoint_exports_merged_and_only_when_asked(tmp_path):
+    base = save_checkpoint(tmp_path / "base", random_model("float32"))
+    adapters = lora_checkpoint(tmp_path / "lora", base)
+    with pytest.raises(convert.ConvertError, match="merge the adapters into the base's weights first with --merge-lora"):
+        convert.export_checkpoint(adapters, tmp_path / "model.npz")
+    with pytest.raises(convert.ConvertError, match="--merge-lora: given with .*no adapters to merge"):
+        convert.export_checkpoint(base, tmp_path / "model.npz", merge_lora=True)
+    path = convert.export_checkpoint(adapters, tmp_path / "model.npz", merge_lora=True)
+    convert.import_checkpoint(path, tmp_path / "back")
+    merged = checkpoint.load_model(adapters, merge=True)[0]
+    state, _, meta = checkpoint.load(tmp_path / "back")
+    assert "lora" not in meta and meta["vocab"] == VOCAB
+    for name, array in merged.state_dict().items():
+        np.testing.assert_array_equal(state[name], array, err_msg=name)
+    unmerged = checkpoint.load(base)[0]
+    assert not np.array_equal(state["transformer.h.0.attn.c_attn.weight"], unmerged["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_convert_error_is_a_microtensor_error():
+    from microtensor.errors import MicrotensorError
+
+    assert issubclass(convert.ConvertError, MicrotensorError)
+
+
+# ================================================================================= runs that end in one line
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A checkpoint of each kind, and an export, which each run gets a copy of."""
+    folder = tmp_path_factory.mktemp("kinds")
+    base = save_checkpoint(folder / "char", random_model("float32"))
+    bpe_checkpoint(folder / "bpe")
+    lora_checkpoint(folder / "lora", base)
+    convert.export_checkpoint(base, folder / "model.npz")
+    if HAS_SAFETENSORS:
+        convert.export_checkpoint(base, folder / "model.safetensors")
+    return folder
+
+
+def case(setup, code, *expected, **marks):
+    return pytest.param(setup, code, expected, **marks)
+
+
+class Scene:
+    def __init__(self, tmp_path, monkeypatch, kinds):
+        self.tmp, self.patch, self.kinds = tmp_path, monkeypatch, kinds
+
+    def raising(self, target, name, error):
+        self.patch.setattr(target, name, lambda *a, **k: (_ for _ in ()).throw(error))
+        return self
+
+
+CONVERT_RUNS = {
+    "bpe-checkpoint": case(lambda s: [s.kinds / "bpe", s.tmp / "m.npz"], 1, "trained with a byte-level BPE tokenizer", "export a run of --tokenizer char"),
+    "lora-checkpoint": case(lambda s: [s.kinds / "lora", s.tmp / "m.npz"], 1, "holds the LoRA adapters of a fine-tuning", "first with --merge-lora"),
+    "lora-merged": case(lambda s: [s.kinds / "lora", s.tmp / "m.npz", "--merge-lora"], 0, "exported"),
+    "merge-lora-without-adapters": case(lambda s: [s.kinds / "char", s.tmp / "m.npz", "--merge-lora"], 1, "--merge-lora: given with", "no adapters to merge"),
+    "merge-lora-on-import": case(lambda s: [s.kinds / "model.npz", s.tmp / "back", "--merge-lora"], 1, "--merge-lora: given with the file"),
+    "seed-negative": case(lambda s: [s.kinds / "model.npz", s.tmp / "back", "--seed", "-1"], 1, "seed (--seed) must be an integer >= 0, got -1"),
+    "export-read-only-folder": case(
+        lambda s: [s.kinds / "char", s.raising(checkpoint.tempfile, "mkstemp", OSError(30, "Read-only file system", str(s.tmp))).tmp / "m.npz"],
+        1, "cannot write the export", "Read-only file system", "expected a folder you can write to",
+    ),  # fmt: skip
+    "export-missing-folder": case(lambda s: [s.kinds / "char", "/proc/microtensor-test/m.npz"], 1, "cannot write the export /proc/microtensor-test/m.npz",
+                                  marks=pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")),
+    "import-read-only-folder": case(
+        lambda s: [s.kinds / "model.npz", s.raising(checkpoint.tempfile, "mkstemp", OSError(30, "Read-only file system", str(s.tmp))).tmp / "back"],
+        1, "could not save the checkpoint", "Read-only file system",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("setup, code, expected", CONVERT_RUNS.values(), ids=CONVERT_RUNS.keys())
+def test_no_convert_run_ends_in_a_traceback(tmp_path, monkeypatch, capsys, folders, setup, code, expected):
+    argv = [str(a) for a in setup(Scene(tmp_path, monkeypatch, folders))]
+    try:
+        returned = convert.main(argv)
+    except BaseException:
+        pytest.fail(f"python -m models.convert {' '.join(argv)} ended in a traceback:\n{traceback.format_exc()}")
+    finally:
+        monkeypatch.undo()
+    output = capsys.readouterr()
+    text = " ".join((output.out + output.err).split())
+    assert "Traceback" not in text and returned == code, text
+    for fragment in expected:
+        assert fragment in text
+    if code:
+        assert output.err.startswith("error: ") and output.err.count("\n") == 1, output.err  # one line
+        assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".convert-")]  # no temporary file left

@@ -230,3 +230,17 @@ def test_a_compile_only_mistake_fails_in_check_all_and_list_as_in_check(tmp_path
         assert "write the loop" in out
     else:
         assert re.search(r"tanh_backward computes line \d+ of tanh\.py \(`grad_x\[i\] = grad_y\[i\] \* \(1\.0 - y\[i\] \* y\[i\]\)`\) in float64", out), out
+
+
+def test_handout_into_a_folder_it_cannot_write_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    from exercises.__main__ import main
+
+    def read_only_disk(source, target, **kwargs):
+        Path(target).mkdir()  # the copy had begun
+        raise OSError(30, "Read-only file system", str(target))
+
+    monkeypatch.setattr(shutil, "copytree", read_only_disk)
+    assert main(["handout", str(tmp_path / "class")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "handout: cannot copy the project to" in err and "Read-only file system" in err, err
+    assert not (tmp_path / "class").exists()
