@@ -252,7 +252,8 @@ def main(argv=None):
             if rank == 0:
                 print(f"step {start_iteration + step}: loss {mean_loss.item():.4f}  ({time.perf_counter() - started:.1f} s)", flush=True)
     if rank == 0:
-        metadata = {**metadata, "iteration": str(start_iteration + args.steps)}
+        # tensor_sha256 describes the weights that were read, which training changed: it goes
+        metadata = {**{k: v for k, v in metadata.items() if k != "tensor_sha256"}, "iteration": str(start_iteration + args.steps)}
         save_model(model, metadata, args.out)
         print(f"wrote {args.out}: import it with python -m models.convert {args.out} <folder>")
     if distributed:

@@ -47,10 +47,18 @@ under the key `__metadata__`):
     linear_weight_layout   "(out_features, in_features)", so that a reader need not guess
     iteration              the training step the weights come from
     dtype                  "float32" or "float64"
+    tensor_sha256          JSON {name: sha256 of the tensor's bytes as stored (little-endian, row-major)}
 
 Import checks everything before it writes anything: the format and its version, the config, the
 vocabulary, every name (none missing, none unexpected), every shape the config implies, the dtypes,
 and that the values are finite. Each problem is named in one ConvertError, with the file's path.
+
+A file must also be the bytes the export wrote. In a .safetensors file the header gives each tensor
+its [begin, end) bytes in the payload: spans that overlap (two names reading the same bytes, one
+weight lost) or run backwards are refused before anything is read. Then every tensor's sha256 must
+be the one in tensor_sha256, so a flipped byte is an error, not a model with other logits. A file
+without tensor_sha256 (written by other code) is imported with the other checks; code that changes
+the weights and keeps an export's metadata must drop tensor_sha256, which describes the old ones.
 
 Only what the format can hold is exported: a checkpoint of a byte-level BPE tokenizer (`train.py
 --tokenizer bpe`) is refused, since the metadata carries a character vocabulary; an adapter
@@ -58,6 +66,7 @@ checkpoint of a LoRA fine-tuning is exported with --merge-lora, which folds the 
 base's weights (the file then holds a plain GPT).
 """
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -173,6 +182,7 @@ def export_checkpoint(out_dir, path, force=False, merge_lora=False):
         "linear_weight_layout": LINEAR_LAYOUT,
         "iteration": str(int(meta.get("iteration", 0))),
         "dtype": str(dtype),
+        "tensor_sha256": json.dumps({name: tensor_sha256(array) for name, array in tensors.items()}),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +196,11 @@ def export_checkpoint(out_dir, path, force=False, merge_lora=False):
         raise ConvertError(f"cannot write the export {path}: {reason}; expected a folder you can write to") from None
     return path
 
+
+def tensor_sha256(array):
+    """The sha256 (hex) of an array's bytes as a file stores them: little-endian, row-major."""
+    little_endian = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return hashlib.sha256(little_endian.tobytes()).hexdigest()
 
 
 # ================================================================================= import
@@ -239,6 +254,7 @@ def read_export(path):
     bad = [name for name, array in tensors.items() if not np.isfinite(array).all()]
     if bad:
         raise ConvertError(f"{path} cannot be imported: non-finite values (inf or nan) in {', '.join(bad)}")
+    _check_sha256(path, metadata, tensors)
     for name in optional & tensors.keys():
         if not np.array_equal(tensors[name], tensors[TIED_HEAD[name]]):
             raise ConvertError(
@@ -294,10 +310,91 @@ class _NoOptimizerState:
 # ================================================================================= reading and checking files
 
 
+def _check_sha256(path, metadata, tensors):
+    """Every tensor that the metadata's tensor_sha256 names must be in the file with those bytes
+    (a file written by other code, without tensor_sha256, is not checked)."""
+    if "tensor_sha256" not in metadata:
+        return
+    try:
+        recorded = json.loads(metadata["tensor_sha256"])
+    except ValueError as error:
+        raise ConvertError(f"{path}: its tensor_sha256 is not JSON ({error})") from None
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise ConvertError(f"{path}: its tensor_sha256 must be a JSON object {{name: sha256 hex digest}}")
+    absent = [name for name in recorded if name not in tensors]
+    changed = [name for name in recorded if name in tensors and tensor_sha256(tensors[name]) != recorded[name]]
+    problems = [f"the bytes of {', '.join(changed)} are not those the export wrote (their sha256 differ)"] if changed else []
+    problems += [f"tensor_sha256 names {', '.join(absent)}, which the file does not hold"] if absent else []
+    if problems:
+        raise ConvertError(
+            f"{path} cannot be imported: {'; '.join(problems)}. The file is damaged (export it again, or restore a copy), or code "
+            "changed its weights and kept the export's metadata: such code must drop tensor_sha256"
+        )
+
+
+def _check_safetensors_layout(path):
+    """Read a .safetensors header (8 bytes: its length, then JSON) and refuse tensors whose bytes
+    overlap, run backwards or lie outside the file, and names listed twice: with any of these, a
+    reader would give one weight another's values and nothing would say so."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            file_size = path.stat().st_size
+            if file_size < 8 or size > file_size - 8:
+                raise ConvertError(f"{path} is not a readable safetensors file: its header length {size} does not fit in its {file_size} bytes")
+            text = f.read(size)
+    except OSError as error:
+        raise ConvertError(f"{path} cannot be read: {error.strerror or error}") from None
+    try:
+        header = json.loads(text, object_pairs_hook=_refuse_repeated_names)
+    except _RepeatedNames as repeated:
+        raise ConvertError(f"{path}: its header lists {', '.join(repeated.names)} more than once; expected each tensor once") from None
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConvertError(f"{path} is not a readable safetensors file: its header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise ConvertError(f"{path} is not a readable safetensors file: its header is not a JSON object")
+    payload = file_size - 8 - size
+    spans, problems = [], []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            problems.append(f"{name} has data_offsets {offsets!r}, expected [begin, end]")
+        elif not 0 <= offsets[0] <= offsets[1] <= payload:
+            problems.append(f"{name} has data_offsets {offsets}, expected 0 <= begin <= end <= {payload} (the payload's bytes)")
+        else:
+            spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, before), (begin, _, name) in zip(spans, spans[1:]):
+        if begin < end:
+            problems.append(f"{name} begins at byte {begin}, inside {before} (which ends at {end})")
+    if problems:
+        raise ConvertError(f"{path} cannot be imported: its tensors' bytes must lie one after another: " + "; ".join(problems))
+
+
+class _RepeatedNames(Exception):
+    def __init__(self, names):
+        self.names = names
+
+
+def _refuse_repeated_names(pairs):
+    """A JSON object as a dict; a name given twice (json.loads would keep the last) raises _RepeatedNames."""
+    seen, repeated = set(), []
+    for key, _ in pairs:
+        if key in seen:
+            repeated.append(key)
+        seen.add(key)
+    if repeated:
+        raise _RepeatedNames(repeated)
+    return dict(pairs)
+
+
 def _open_safetensors(path):
     """(metadata, {name: (shape, dtype)}, load_all() -> {name: array}) of a .safetensors file; the
     shapes and dtypes come from the header, so a file is checked before its tensors are read."""
     safetensors = _safetensors("read", path)
+    _check_safetensors_layout(path)
     try:
         with safetensors.safe_open(str(path), framework="numpy") as f:
             metadata = f.metadata() or {}
@@ -317,8 +414,12 @@ def _open_npz(path):
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
-    except (OSError, ValueError, EOFError) as error:
-        raise ConvertError(f"{path} is not a readable .npz file: {error}") from None
+    except checkpoint.READ_ERRORS as error:  # a damaged zip: BadZipFile, a bad CRC, zlib.error, ...
+        raise ConvertError(f"{path} is not a readable .npz file (truncated or damaged?): {type(error).__name__}: {error}") from None
+    # numpy gives the bytes of a member that is not a .npy array as they are
+    not_arrays = [name for name, value in arrays.items() if not isinstance(value, np.ndarray)]
+    if not_arrays:
+        raise ConvertError(f"{path} holds members that are not arrays: {', '.join(not_arrays)}; expected only .npy arrays")
     if METADATA_KEY not in arrays:
         if "meta" in arrays and any(name.startswith("model/") for name in arrays):
             raise ConvertError(

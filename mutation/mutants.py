@@ -598,6 +598,22 @@ MUTANTS = [
         "tests/test_gpt.py -k divided_by_the_temperature",
         jit=True,
     ),
+    Mutant(
+        "convert.sha256_not_compared", "models/convert.py",
+        "changed = [name for name in recorded if name in tensors and tensor_sha256(tensors[name]) != recorded[name]]",
+        "changed = []",
+        'tests/test_convert.py -k "flipped or checksums"',
+        jit=True,
+        why="the export's per-tensor sha256 read but never compared: a flipped byte imports as other logits",
+    ),
+    Mutant(
+        "convert.overlap_test_reversed", "models/convert.py",
+        "        if begin < end:\n",
+        "        if begin > end:\n",
+        "tests/test_convert.py -k overlap",
+        jit=True,
+        why="a tensor whose bytes begin inside the one before passes: two names read the same bytes, one weight is lost",
+    ),
     # ----------------------------------------------------------------------------- fast twins (compiled)
     Mutant(
         "softmax.backward.fast", "microtensor/fast/softmax.py",

@@ -6,6 +6,7 @@ microtensor's logits, loss and every parameter's gradient. The round trip must g
 bits; broken files must give clear errors; an imported checkpoint must sample and resume; the DDP
 example (examples/train_torch_ddp.py) must train on two processes and its result import again.
 """
+import hashlib
 import importlib.util
 import itertools
 import json
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import traceback
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -508,6 +510,109 @@ def test_convert_error_is_a_microtensor_error():
     assert issubclass(convert.ConvertError, MicrotensorError)
 
 
+# ================================================================================= bytes that are not the export's
+
+
+def safetensors_parts(path):
+    """(header {name: entry}, payload bytes) of a .safetensors file."""
+    raw = Path(path).read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + size]), raw[8 + size :]
+
+
+def write_safetensors(path, header, payload, header_text=None):
+    text = (header_text or json.dumps(header)).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(len(text).to_bytes(8, "little") + text + payload)
+    return Path(path)
+
+
+@pytest.fixture
+def exported(tmp_path):
+    """A .safetensors export of an untied model with biases, to be damaged one way at a time."""
+    pytest.importorskip("safetensors")
+    model = random_model("float32", tie_weights=False, bias=True)
+    return convert.export_checkpoint(save_checkpoint(tmp_path / "out", model), tmp_path / "model.safetensors")
+
+
+def test_tensors_whose_bytes_overlap_are_refused(tmp_path, exported):
+    header, payload = safetensors_parts(exported)
+    header["transformer.ln_f.weight"]["data_offsets"] = header["transformer.h.0.ln_1.weight"]["data_offsets"]  # same size
+    path = write_safetensors(tmp_path / "overlap.safetensors", header, payload)
+    with pytest.raises(convert.ConvertError, match=r"bytes must lie one after another: transformer\.(ln_f|h\.0\.ln_1)\.weight begins at byte \d+, inside"):
+        convert.read_export(path)
+
+
+def test_tensors_whose_bytes_run_backwards_or_past_the_end_are_refused(tmp_path, exported):
+    header, payload = safetensors_parts(exported)
+    begin, end = header["transformer.ln_f.bias"]["data_offsets"]
+    header["transformer.ln_f.bias"]["data_offsets"] = [end, begin]
+    with pytest.raises(convert.ConvertError, match=rf"ln_f\.bias has data_offsets \[{end}, {begin}\], expected 0 <= begin <= end"):
+        convert.read_export(write_safetensors(tmp_path / "backwards.safetensors", header, payload))
+    header["transformer.ln_f.bias"]["data_offsets"] = [begin, len(payload) + 4]
+    with pytest.raises(convert.ConvertError, match=rf"end <= {len(payload)} \(the payload's bytes\)"):
+        convert.read_export(write_safetensors(tmp_path / "beyond.safetensors", header, payload))
+
+
+def test_a_tensor_listed_twice_in_the_header_is_refused(tmp_path, exported):
+    header, payload = safetensors_parts(exported)
+    name = "transformer.h.0.ln_1.weight"
+    text = json.dumps(header)
+    twice = "{" + json.dumps(name) + ": " + json.dumps(header["transformer.h.0.ln_2.weight"]) + ", " + text[1:]
+    with pytest.raises(convert.ConvertError, match=rf"its header lists {name} more than once"):
+        convert.read_export(write_safetensors(tmp_path / "twice.safetensors", header, payload, header_text=twice))
+
+
+def test_swapped_or_flipped_bytes_fail_the_checksum(tmp_path, exported):
+    header, payload = safetensors_parts(exported)
+    flipped = bytearray(payload)
+    begin, _ = header["transformer.h.1.mlp.c_fc.weight"]["data_offsets"]
+    flipped[begin + 5] ^= 0x10  # a mantissa bit: the value stays finite
+    with pytest.raises(convert.ConvertError, match=r"the bytes of transformer\.h\.1\.mlp\.c_fc\.weight are not those the export wrote"):
+        convert.import_checkpoint(write_safetensors(tmp_path / "flipped.safetensors", header, bytes(flipped)), tmp_path / "back")
+    assert not (tmp_path / "back").exists()
+    a, b = "transformer.h.0.ln_1.weight", "transformer.h.0.ln_2.weight"  # the same size: only the checksums see it
+    header[a]["data_offsets"], header[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+    with pytest.raises(convert.ConvertError, match=r"sha256 differ.*drop tensor_sha256"):
+        convert.read_export(write_safetensors(tmp_path / "swapped.safetensors", header, payload))
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_every_tensor_has_its_sha256_in_the_metadata(tmp_path, suffix):
+    model = random_model("float64")
+    path = convert.export_checkpoint(save_checkpoint(tmp_path / "out", model), tmp_path / f"model{suffix}")
+    tensors, metadata = convert.read_export(path)
+    recorded = json.loads(metadata["tensor_sha256"])
+    assert recorded.keys() == tensors.keys()
+    for name, array in tensors.items():
+        assert recorded[name] == hashlib.sha256(array.astype("<f8").tobytes()).hexdigest(), name
+
+
+def test_a_file_without_checksums_still_imports(tmp_path, good_npz):
+    tensors, metadata = good_npz
+    del metadata["tensor_sha256"]  # as code other than an export writes it
+    convert.import_checkpoint(write_npz(tmp_path / "theirs.npz", tensors, metadata), tmp_path / "back")
+    metadata["tensor_sha256"] = json.dumps({"transformer.wte.weight": "0" * 64})
+    with pytest.raises(convert.ConvertError, match=r"the bytes of transformer\.wte\.weight are not those"):
+        convert.read_export(write_npz(tmp_path / "stale.npz", tensors, metadata))
+
+
+def test_damaged_npz_files_are_clear_errors(tmp_path, good_npz):
+    tensors, metadata = good_npz
+    path = write_npz(tmp_path / "good.npz", tensors, metadata)
+    payload = bytearray(path.read_bytes())
+    payload[len(payload) // 2] ^= 0xFF
+    (tmp_path / "flipped.npz").write_bytes(bytes(payload))
+    (tmp_path / "truncated.npz").write_bytes(bytes(payload[: len(payload) - 300]))
+    for name in ("flipped.npz", "truncated.npz"):
+        with pytest.raises(convert.ConvertError, match=r"is not a readable \.npz file \(truncated or damaged\?\): BadZipFile"):
+            convert.read_export(tmp_path / name)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("notes.txt", "not an array")
+    with pytest.raises(convert.ConvertError, match=r"holds members that are not arrays: notes\.txt"):
+        convert.read_export(path)
+
+
 # ================================================================================= runs that end in one line
 
 
@@ -528,6 +633,28 @@ def case(setup, code, *expected, **marks):
     return pytest.param(setup, code, expected, **marks)
 
 
+def damaged_copy(s, name, change):
+    """s.tmp/name: a copy of the module's export `name`, its bytes replaced by change(bytes)."""
+    path = s.tmp / name
+    path.write_bytes(change((s.kinds / name).read_bytes()))
+    return path
+
+
+def overlapping(payload):
+    size = int.from_bytes(payload[:8], "little")
+    header = json.loads(payload[8 : 8 + size])
+    header["transformer.ln_f.weight"]["data_offsets"] = header["transformer.h.0.ln_1.weight"]["data_offsets"]
+    text = json.dumps(header).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + payload[8 + size :]
+
+
+def flip_last(payload):
+    damaged = bytearray(payload)
+    damaged[-3] ^= 0x01  # the last tensor's last value, a low mantissa bit
+    return bytes(damaged)
+
+
 class Scene:
     def __init__(self, tmp_path, monkeypatch, kinds):
         self.tmp, self.patch, self.kinds = tmp_path, monkeypatch, kinds
@@ -537,6 +664,7 @@ class Scene:
         return self
 
 
+needs_safetensors = pytest.mark.skipif(not HAS_SAFETENSORS, reason="safetensors is not installed")
 CONVERT_RUNS = {
     "bpe-checkpoint": case(lambda s: [s.kinds / "bpe", s.tmp / "m.npz"], 1, "trained with a byte-level BPE tokenizer", "export a run of --tokenizer char"),
     "lora-checkpoint": case(lambda s: [s.kinds / "lora", s.tmp / "m.npz"], 1, "holds the LoRA adapters of a fine-tuning", "first with --merge-lora"),
@@ -554,6 +682,10 @@ CONVERT_RUNS = {
         lambda s: [s.kinds / "model.npz", s.raising(checkpoint.tempfile, "mkstemp", OSError(30, "Read-only file system", str(s.tmp))).tmp / "back"],
         1, "could not save the checkpoint", "Read-only file system",
     ),  # fmt: skip
+    "npz-damaged": case(lambda s: [damaged_copy(s, "model.npz", flip_last), s.tmp / "back"], 1, "is not a readable .npz file (truncated or damaged?)"),
+    "npz-truncated": case(lambda s: [damaged_copy(s, "model.npz", lambda b: b[:-100]), s.tmp / "back"], 1, "is not a readable .npz file"),
+    "safetensors-overlap": case(lambda s: [damaged_copy(s, "model.safetensors", overlapping), s.tmp / "back"], 1, "bytes must lie one after another", marks=needs_safetensors),
+    "safetensors-flipped": case(lambda s: [damaged_copy(s, "model.safetensors", flip_last), s.tmp / "back"], 1, "are not those the export wrote", marks=needs_safetensors),
 }
 
 
