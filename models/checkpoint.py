@@ -103,11 +103,13 @@ def save(out_dir, model, optimizer, meta, parameters=None):
     """Write model, optimizer and meta to out_dir/ckpt.npz atomically (see the module docstring);
     returns its path. Raises CheckpointSaveError if the disk refuses, leaving the file as it was.
     parameters: the arrays to save under model/ (an adapter checkpoint passes lora_state_dict(model));
-    by default model.state_dict(), every parameter."""
+    by default model.state_dict(), every parameter. meta: JSON values; numpy numbers and arrays in
+    it (a loss kept as np.float32, a step as np.int64) are stored as the plain numbers and lists."""
     path = path_in(out_dir)
     parameters = model.state_dict() if parameters is None else parameters
     arrays = {f"model/{name}": value for name, value in parameters.items()}
     arrays.update({f"optim/{key}": np.asarray(value) for key, value in optimizer.state_dict().items()})
+    meta = plain_json(meta, "meta")
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **meta}))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +117,32 @@ def save(out_dir, model, optimizer, meta, parameters=None):
     except OSError as error:
         raise CheckpointSaveError(path, error) from None
     return path
+
+
+def plain_json(value, where):
+    """value with numpy numbers as Python's (np.int64(3) -> 3) and numpy arrays as lists, so that
+    json.dumps takes it; any other type that JSON has no value for is an InputTypeError naming
+    where it is (e.g. meta['best_val'])."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, np.ndarray):
+        return plain_json(value.tolist(), where)
+    if isinstance(value, (list, tuple)):
+        return [plain_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        plain = {}
+        for key, item in value.items():
+            key = key.item() if isinstance(key, np.generic) else key
+            if not (key is None or isinstance(key, (str, bool, int, float))):
+                raise InputTypeError(f"checkpoint.save: {where} has the key {key!r} ({type(key).__name__}); expected str keys")
+            plain[key] = plain_json(item, f"{where}[{key!r}]")
+        return plain
+    raise InputTypeError(
+        f"checkpoint.save: {where} is {value!r:.80} ({type(value).__name__}); expected a JSON value "
+        "(str, int, float, bool, None, or lists and dicts of them; numpy numbers and arrays are converted)"
+    )
 
 
 def write_atomically(path, write, prefix=TEMP_PREFIX):

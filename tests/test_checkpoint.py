@@ -356,3 +356,16 @@ def test_float64_checkpoints_load(tmp_path):
     save_tiny(tmp_path, dtype=mt.float64)
     model_state, _, _ = checkpoint.load(tmp_path)
     assert {a.dtype for a in model_state.values()} == {np.dtype(np.float64)}
+
+
+def test_numpy_numbers_and_arrays_in_meta_are_saved_as_plain_json(tmp_path):
+    save_tiny(tmp_path, iteration=np.int64(3), best_val=np.float32(1.5), losses=np.array([2.0, 1.75]), flags={"kept": np.bool_(True)})
+    meta = checkpoint.load(tmp_path)[2]
+    assert meta["iteration"] == 3 and type(meta["iteration"]) is int
+    assert meta["best_val"] == 1.5 and meta["losses"] == [2.0, 1.75] and meta["flags"] == {"kept": True}
+
+
+def test_a_meta_value_json_cannot_hold_is_an_error_naming_its_key(tmp_path):
+    with pytest.raises(MicrotensorError, match=r"checkpoint.save: meta\['notes'\]\[1\] is .*\(set\); expected a JSON value"):
+        save_tiny(tmp_path, notes=["fine", {1, 2}])
+    assert not (tmp_path / checkpoint.FILENAME).exists()
