@@ -197,6 +197,51 @@ def load_text(data, console=None):
     return text
 
 
+def data_path(data):
+    """What a checkpoint records of --data: "shakespeare", or the file's absolute path, so that a
+    run resumed from another folder finds the same file."""
+    return data if data == "shakespeare" else str(Path(data).resolve())
+
+
+def recorded_data(meta):
+    """(--data, sha256) of the text a checkpoint was trained on, as its meta records them:
+    "data_path" (data_path's), else the "args" train.py saved; data_sha256. Either is None when the
+    meta does not say (an older or an imported checkpoint)."""
+    data = meta.get("data_path")
+    if not isinstance(data, str):
+        args = meta.get("args")
+        data = args.get("data") if isinstance(args, dict) else None
+    digest = meta.get("data_sha256")
+    return (data if isinstance(data, str) and data else None), (digest if isinstance(digest, str) else None)
+
+
+def text_to_resume(meta, data, data_given, console=None, checkpoint_path="the checkpoint"):
+    """(text, --data) for a resumed run. With --data given (data_given): that text, whatever the
+    checkpoint was trained on (the caller may note that the sha256 differ). Without: the text the
+    checkpoint records, found by its path and recognized by its sha256, not the default corpus,
+    which would be another text with another vocabulary. A recorded text that is gone or changed
+    is a DataError saying which text the checkpoint was trained on and how it differs."""
+    if data_given:
+        return load_text(data, console), data
+    recorded, digest = recorded_data(meta)
+    source = recorded or data  # a checkpoint that names no text: the default, as before
+    named = f" --data {recorded}" if recorded else " a text"
+    trained_on = f"{checkpoint_path} was trained on{named}" + (f" of sha256 {digest[:12]}..." if digest else "")
+    try:
+        text = load_text(source, console)
+    except DataError as error:
+        if recorded is None:
+            raise
+        raise DataError(f"--resume without --data: {trained_on}, which cannot be read now ({error}); pass --data with the text it was trained on") from None
+    if digest is not None and sha256(text) != digest:
+        now = f"--data {source} now holds another text" if recorded else f"the default --data {source} is another text"
+        raise DataError(
+            f"--resume without --data: {trained_on}, but {now} (sha256 {sha256(text)[:12]}...); "
+            f"pass --data with the text it was trained on, or --data {source} to train on this one"
+        )
+    return text, source
+
+
 class Batches:
     """The encoded corpus split 90/10 into train and val, and random windows drawn from either."""
 

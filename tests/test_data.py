@@ -70,3 +70,41 @@ def test_batches_refuse_sizes_and_splits_they_cannot_draw():
             batches.get("train", batch_size, rng)
     with pytest.raises(InputError, match="Batches.get: split must be 'train' or 'val', got 'test'"):
         batches.get("test", 2, rng)
+
+
+def trained_on(path, text=None):
+    """The part of a checkpoint's meta that train.py writes about its text."""
+    text = Path(path).read_text(encoding="utf-8") if text is None else text
+    return {"args": {"data": str(path)}, "data_sha256": data.sha256(text)}
+
+
+def test_a_resume_without_data_reads_the_text_the_checkpoint_was_trained_on(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the king and the queen " * 20, encoding="utf-8")
+    other = tmp_path / "other.txt"
+    other.write_text("xyz " * 100, encoding="utf-8")
+    meta = trained_on(corpus)
+    assert data.text_to_resume(meta, str(other), data_given=False) == (corpus.read_text(), str(corpus))
+    assert data.text_to_resume(meta, str(other), data_given=True) == (other.read_text(), str(other))  # given: used
+    assert data.text_to_resume({}, str(other), data_given=False)[1] == str(other)  # nothing recorded: the default
+    moved = {**meta, "data_path": data.data_path(corpus), "args": {"data": "elsewhere.txt"}}
+    assert data.text_to_resume(moved, "shakespeare", data_given=False)[1] == str(corpus.resolve())
+    assert data.data_path("shakespeare") == "shakespeare" and Path(data.data_path("corpus.txt")).is_absolute()
+
+
+def test_a_resume_without_data_whose_text_changed_or_went_says_which_text_it_needs(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the king and the queen " * 20, encoding="utf-8")
+    meta = trained_on(corpus)
+    digest = meta["data_sha256"][:12]
+    corpus.write_text("the queen and the king " * 20, encoding="utf-8")
+    with pytest.raises(data.DataError, match=rf"--resume without --data: ckpt.npz was trained on --data {corpus} of sha256 {digest}\.\.\., "
+                                             rf"but --data {corpus} now holds another text .*pass --data with the text it was trained on"):
+        data.text_to_resume(meta, "shakespeare", data_given=False, checkpoint_path="ckpt.npz")
+    corpus.unlink()
+    with pytest.raises(data.DataError, match=rf"trained on --data {corpus} of sha256 {digest}\.\.\., which cannot be read now \(.*no such file"):
+        data.text_to_resume(meta, "shakespeare", data_given=False, checkpoint_path="ckpt.npz")
+    other = tmp_path / "other.txt"
+    other.write_text("xyz " * 100, encoding="utf-8")
+    with pytest.raises(data.DataError, match=rf"trained on a text of sha256 {digest}\.\.\., but the default --data {other} is another text"):
+        data.text_to_resume({"data_sha256": meta["data_sha256"]}, str(other), data_given=False, checkpoint_path="ckpt.npz")
