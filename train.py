@@ -19,7 +19,7 @@ atomic: see models/checkpoint.py). A save that fails (a full disk) stops the run
 checkpoint that is kept.
 
 The loss of every step is recorded, and with every checkpoint comes its plot, loss.svg in --out-dir
-(models/loss_plot.py): the per-step losses, their running mean, and the estimated train and val
+(programs/loss_plot.py): the per-step losses, their running mean, and the estimated train and val
 losses of each evaluation. The checkpoint carries the per-step losses in its JSON meta, so that a
 resumed run plots the whole curve. Every loss printed has its perplexity, exp(loss), beside it.
 
@@ -54,7 +54,8 @@ import microtensor as mt
 import microtensor.fast.process
 from microtensor import optim
 from microtensor.errors import InputError, InputTypeError, MicrotensorError
-from models import bpe, checkpoint, lora, loss_plot
+from models import bpe, checkpoint, lora
+from programs import loss_plot
 from models.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
 from models.gpt import GPT, POSITION_SCHEMES, GPTConfig
 
