@@ -35,16 +35,13 @@ adapters' training. Before the first step the fine-tuning's starting loss on --d
 and the results table shows it beside the final one, with the parameters trained out of the total.
 """
 import argparse
-import contextlib
 import math
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -55,12 +52,10 @@ import microtensor.fast.process
 from microtensor import optim
 from microtensor.errors import InputError, InputTypeError, MicrotensorError
 from models import bpe, checkpoint, lora
-from programs import loss_plot
 from models.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
 from models.gpt import GPT, POSITION_SCHEMES, GPTConfig
-
-console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted
-
+from programs import cli, loss_plot
+from programs.cli import FlagError, TrainingStopped, console, flag, signal_name, signals_handled_by
 
 def build_parser():
     p = argparse.ArgumentParser(
@@ -73,7 +68,7 @@ def build_parser():
     data.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out-dir (model, optimizer, step, random state); model flags that contradict it are refused")
     data.add_argument("--force", action="store_true", help="start a new run even though --out-dir holds a checkpoint, which the first save replaces")
     data.add_argument("--seed", type=int, default=1337, help="seed for initialization, batches and dropout")
-    add_kernels_argument(p, data)
+    cli.add_kernels_argument(p, data)
     model = p.add_argument_group("model")
     model.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
     model.add_argument("--n-head", type=int, default=4, help="attention heads per block")
@@ -115,55 +110,6 @@ def build_parser():
     return p
 
 
-def add_kernels_argument(parser, group):
-    """--kernels, shared with generate.py. Its default is mt.get_kernels(): MICROTENSOR_KERNELS, else fast."""
-    try:
-        default = mt.get_kernels()
-    except ValueError as error:  # MICROTENSOR_KERNELS names no kernel set
-        parser.error(str(error))
-    group.add_argument(
-        "--kernels", choices=mt.kernels.KERNEL_SETS, type=runnable_kernel_set, default=default,
-        help="the kernel set every op runs: 'readable' (plain loops that follow the math, the ones to step "
-        "through with NUMBA_DISABLE_JIT=1) or 'fast' (BLAS, vectorized loops); the default comes from the "
-        "MICROTENSOR_KERNELS environment variable, else fast. Whichever runs, the program first tunes the "
-        "process for training (microtensor.fast.process.tune_for_training): glibc's malloc keeps the memory "
-        "a step frees for the next step, and OpenMP's threads spin a while after each kernel "
-        "(GOMP_SPINCOUNT, unless you set it)",
-    )  # fmt: skip
-
-
-def runnable_kernel_set(name):
-    """A kernel set this process can run ("fast" needs the JIT); an unknown name is left to `choices`."""
-    if name in mt.kernels.KERNEL_SETS:
-        try:
-            with mt.using_kernels(name):
-                pass
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    return name
-
-
-class TrainingStopped(MicrotensorError):
-    """The run ends early: a non-finite loss, a failed save, Ctrl-C or SIGTERM. The message says why
-    and which checkpoint is kept; exit_code is the program's (1, or 128 + the signal's number)."""
-
-    def __init__(self, message, exit_code=1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class FlagError(MicrotensorError):
-    """A flag whose value cannot work: "--flag: given X, expected Y"."""
-
-    def __init__(self, name, given, expected):
-        super().__init__(f"{flag(name)}: given {given}, expected {expected}")
-
-
-def flag(name):
-    """The command-line spelling of an argparse dest: n_layer -> --n-layer."""
-    return "--" + name.replace("_", "-")
-
-
 # The flags that set the model (GPTConfig's fields): a resumed run must not contradict its checkpoint.
 MODEL_FLAGS = {
     "n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "block_size", "dropout": "dropout",
@@ -183,7 +129,7 @@ OPTIMIZER_FLAGS = ("beta1", "beta2", "weight_decay")
 
 def check_args(args, explicit=()):
     """Every flag, before anything is read or built; raises FlagError for the first that cannot work.
-    explicit: the flags given on the command line (explicit_flags), to refuse those that would be ignored."""
+    explicit: the flags given on the command line (cli.explicit_flags), to refuse those that would be ignored."""
 
     def need(ok, name, expected):
         if not ok:
@@ -243,16 +189,6 @@ def check_args(args, explicit=()):
     if args.resume and args.force:
         raise FlagError("force", "with --resume", "one of them: --resume continues the checkpoint, --force replaces it")
     check_data_path(args.data)  # a DataError that names --data
-
-
-def explicit_flags(parser, argv):
-    """The dests of the flags given on the command line (not left at their defaults): argparse sets a
-    default only when the namespace lacks the attribute, so a namespace filled with a marker keeps
-    the marker exactly where no flag was given."""
-    unset = object()
-    dests = vars(parser.parse_args(argv))
-    given = parser.parse_args(argv, namespace=argparse.Namespace(**{dest: unset for dest in dests}))
-    return {dest for dest, value in vars(given).items() if value is not unset}
 
 
 def check_model_flags(args, explicit, path, config, given_with, keeps):
@@ -342,62 +278,6 @@ def check_resume_fine_tuning(args, explicit, path, meta):
         given = list(lora.check_targets(value)) if key == "targets" else value
         if given != record[key]:
             raise FlagError(name, f"{value} with --resume", f"the checkpoint's LoRA {key} = {record[key]} ({path}): a resumed run keeps its adapters; drop the flag")
-
-
-class Run:
-    """What is known about the run's checkpoint, for every way a run can end: which step the file
-    holds, and whether Ctrl-C or SIGTERM asked the run to stop."""
-
-    def __init__(self, path):
-        self.path = path
-        self.saved_step = None  # the step out/ckpt.npz holds from this run (or the resumed one)
-        self.earlier_step = None  # with --force: the step of the earlier run's checkpoint, until replaced
-        self.graceful = False  # True while a signal may wait for the end of the step
-        self.stop_signal = None  # the signal that asked to stop at the end of the step
-
-    def kept(self):
-        if self.saved_step is not None:
-            return f"{self.path} holds the checkpoint of step {self.saved_step}"
-        if self.earlier_step is not None:
-            return f"{self.path} still holds the earlier run's checkpoint (step {self.earlier_step})"
-        return "no checkpoint was written"
-
-    def on_signal(self, signum, frame):
-        """SIGINT and SIGTERM. During training the first one asks the loop to stop at the end of the
-        step, after saving; outside it, or a second time, the run stops at once (a save cut short
-        leaves the previous checkpoint whole: saves are atomic)."""
-        if self.graceful and self.stop_signal is None:
-            self.stop_signal = signum
-            return
-        raise Interrupted(signum)
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM that stops the program at once. A KeyboardInterrupt, so that it passes
-    every `except Exception` on its way out."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def signals_handled_by(handler):
-    """SIGINT and SIGTERM go to handler inside the block (in the main thread: Python runs signal
-    handlers only there), and back to their previous handlers after it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
-
-
-def signal_name(signum):
-    return {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}.get(signum, signal.Signals(signum).name)
 
 
 @mt.no_grad()
@@ -526,13 +406,13 @@ def describe_fine_tuning(lora_record, base_record):
 
 def train(args, explicit=None):
     """Train as `args` (from build_parser) says, with its kernel set; returns the results dict.
-    explicit: the flags given on the command line (see explicit_flags); by default those whose value
+    explicit: the flags given on the command line (cli.explicit_flags); by default those whose value
     differs from the parser's default. Raises FlagError, DataError, CheckpointError or TrainingStopped."""
     if explicit is None:
         defaults = vars(build_parser().parse_args([]))
         explicit = {name for name, value in vars(args).items() if value != defaults.get(name)}
     check_args(args, explicit)
-    run = Run(checkpoint.path_in(args.out_dir))
+    run = cli.Run(checkpoint.path_in(args.out_dir))
     with mt.using_kernels(args.kernels), signals_handled_by(run.on_signal):
         try:
             return _train(args, explicit, run)
@@ -833,24 +713,13 @@ def main(argv=None):
     argparse exits with 2 for a flag it cannot parse)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    explicit = explicit_flags(parser, argv)
+    explicit = cli.explicit_flags(parser, argv)
     try:
         check_args(args, explicit)  # before anything else (train checks again: it may be called without main)
         microtensor.fast.process.tune_for_training()
         train(args, explicit)
-    except TrainingStopped as stopped:
-        prefix = "error" if stopped.exit_code == 1 else "stopped"
-        console.print(f"[bold red]{prefix}:[/] {escape(str(stopped))}", highlight=False)
-        return stopped.exit_code
-    except MicrotensorError as error:  # FlagError, DataError, CheckpointError, or a model's own check
-        console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
-        return 1
-    except MemoryError as error:  # a model or a batch too large for this computer
-        console.print(f"[bold red]error:[/] out of memory ({escape(str(error))}); try a smaller model or --batch-size", highlight=False)
-        return 1
-    except KeyboardInterrupt:  # Ctrl-C before train() took over the signals
-        console.print("[bold red]stopped:[/] Ctrl-C (SIGINT) before training started; nothing was saved", highlight=False)
-        return 128 + signal.SIGINT
+    except (MicrotensorError, MemoryError, KeyboardInterrupt) as error:  # KeyboardInterrupt: before train() took the signals
+        return cli.exit_code(error, interrupted="{signal} before training started; nothing was saved")
     return 0
 
 
