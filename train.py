@@ -35,6 +35,7 @@ adapters' training. Before the first step the fine-tuning's starting loss on --d
 and the results table shows it beside the final one, with the parameters trained out of the total.
 """
 import argparse
+import dataclasses
 import math
 import signal
 import sys
@@ -53,9 +54,9 @@ from microtensor import optim
 from microtensor.errors import InputError, InputTypeError, MicrotensorError
 from models import bpe, checkpoint, lora
 from models.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
-from models.gpt import GPT, POSITION_SCHEMES, GPTConfig
+from models.gpt import GPT, GPTConfig
 from programs import cli, loss_plot
-from programs.cli import FlagError, TrainingStopped, console, flag, signal_name, signals_handled_by
+from programs.cli import FlagError, TrainingStopped, add_config_flags, console, flag, signal_name, signals_handled_by
 
 def build_parser():
     p = argparse.ArgumentParser(
@@ -69,21 +70,7 @@ def build_parser():
     data.add_argument("--force", action="store_true", help="start a new run even though --out-dir holds a checkpoint, which the first save replaces")
     data.add_argument("--seed", type=int, default=1337, help="seed for initialization, batches and dropout")
     cli.add_kernels_argument(p, data)
-    model = p.add_argument_group("model")
-    model.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
-    model.add_argument("--n-head", type=int, default=4, help="attention heads per block")
-    model.add_argument("--n-embd", type=int, default=128, help="embedding width (divisible by --n-head)")
-    model.add_argument("--block-size", type=int, default=64, help="context length in characters")
-    model.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
-    model.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm layers")
-    model.add_argument("--norm", choices=("layernorm", "rmsnorm"), default="layernorm", help="normalization layer")
-    model.add_argument("--mlp", choices=("gelu", "swiglu", "moe"), default="gelu", help="MLP kind: moe is a mixture of --n-expert GELU MLPs (docs/moe.md)")
-    model.add_argument("--pos", choices=POSITION_SCHEMES, default="learned", help="position encoding: a learned table, rotary, a fixed sinusoidal table, or ALiBi's distance penalty (docs/positions.md)")
-    model.add_argument("--no-tie-weights", action="store_true", help="a separate output layer instead of reusing the token embedding")
-    model.add_argument("--n-kv-head", type=int, default=None, help="key/value heads, dividing --n-head: 1 is multi-query, fewer than --n-head grouped-query attention (default: --n-head, multi-head; docs/grouped-query-attention.md)")
-    model.add_argument("--attention", choices=("standard", "online"), default="standard", help="attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's tiles) keeps one number per row (docs/online-attention.md)")
-    model.add_argument("--n-expert", type=int, default=4, help="experts of --mlp moe")
-    model.add_argument("--expert-top-k", type=int, default=2, help="experts each token is routed to, with --mlp moe (at most --n-expert)")
+    add_config_flags(p.add_argument_group("model"), GPTConfig)  # --n-layer, --n-head, ...: GPTConfig's fields
     data.add_argument("--tokenizer", choices=("char", "bpe"), default="char", help="one token per character, or byte-level BPE trained on the training text (docs/bpe.md)")
     data.add_argument("--vocab-size", type=int, default=512, help="tokens of --tokenizer bpe: the 256 byte values and the merges learned")
     train = p.add_argument_group("optimization")
@@ -110,17 +97,15 @@ def build_parser():
     return p
 
 
-# The flags that set the model (GPTConfig's fields): a resumed run must not contradict its checkpoint.
-MODEL_FLAGS = {
-    "n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "block_size", "dropout": "dropout",
-    "bias": "bias", "norm": "norm", "mlp": "mlp", "pos": "pos", "no_tie_weights": "tie_weights", "n_kv_head": "n_kv_head",
-    "attention": "attention", "n_expert": "n_expert", "expert_top_k": "expert_top_k",
-}  # fmt: skip
+# The flags that set the model, made from GPTConfig's fields ({dest: field}): a resumed run must not
+# contradict its checkpoint.
+MODEL_FLAGS = cli.config_flags(GPTConfig)
 # Flags that mean something only beside another: given without it, they would be silently ignored.
 # GIVEN: the other flag must be given, whatever its value.
 GIVEN = object()
 DEPENDENT_FLAGS = {
-    "n_expert": ("mlp", "moe"), "expert_top_k": ("mlp", "moe"), "moe_aux_weight": ("mlp", "moe"), "vocab_size": ("tokenizer", "bpe"),
+    **{f.name: f.metadata["with_"] for f in dataclasses.fields(GPTConfig) if "with_" in f.metadata},  # --n-expert needs --mlp moe
+    "moe_aux_weight": ("mlp", "moe"), "vocab_size": ("tokenizer", "bpe"),
     "lora_rank": ("init_from", GIVEN), "lora_alpha": ("lora_rank", GIVEN), "lora_targets": ("lora_rank", GIVEN),
 }  # fmt: skip
 # AdamW's settings that a checkpoint's optimizer state holds (the learning rate is the schedule's)
@@ -141,8 +126,9 @@ def check_args(args, explicit=()):
             other_spelled = flag(other) + (" DIR" if other == "init_from" else " R")
             raise FlagError(name, f"{getattr(args, name)} without {flag(other)}", f"{other_spelled} as well: alone it changes nothing")
         if value is not GIVEN and name in explicit and getattr(args, other) != value:
-            raise FlagError(name, f"{getattr(args, name)} without --{other.replace('_', '-')} {value}", f"--{other.replace('_', '-')} {value} as well: alone it changes nothing")
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters"):
+            raise FlagError(name, f"{getattr(args, name)} without {flag(other)} {value}", f"{flag(other)} {value} as well: alone it changes nothing")
+    cli.config_from_flags(GPTConfig, args, vocab_size=1)  # the model's flags: GPTConfig checks them (the vocabulary comes later)
+    for name in ("batch_size", "eval_interval", "eval_iters"):
         need(getattr(args, name) >= 1, name, "an integer >= 1")
     for name in ("max_iters", "warmup_iters", "sample_chars", "seed"):
         need(getattr(args, name) >= 0, name, "an integer >= 0")
@@ -152,22 +138,10 @@ def check_args(args, explicit=()):
         math.isfinite(args.min_lr) and 0 <= args.min_lr <= args.learning_rate,
         "min_lr", f"a number in [0, --learning-rate] = [0, {args.learning_rate}]",
     )  # fmt: skip
-    for name in ("weight_decay", "grad_clip"):
+    for name in ("weight_decay", "grad_clip", "moe_aux_weight"):
         need(math.isfinite(getattr(args, name)) and getattr(args, name) >= 0, name, "a finite number >= 0")
-    for name in ("beta1", "beta2", "dropout"):
+    for name in ("beta1", "beta2"):
         need(0 <= getattr(args, name) < 1, name, "a number in [0, 1)")  # nan fails both comparisons
-    need(args.n_embd % args.n_head == 0, "n_embd", f"a multiple of --n-head ({args.n_head})")
-    if args.pos == "rope":
-        head_size = args.n_embd // args.n_head
-        need(head_size % 2 == 0, "n_embd", f"with --pos rope, an even size per head (--n-embd / --n-head is {head_size})")
-    if args.pos == "sinusoidal":
-        need(args.n_embd % 2 == 0, "n_embd", "with --pos sinusoidal, an even width (each sine has its cosine)")
-    if args.n_kv_head is not None:
-        need(args.n_kv_head >= 1 and args.n_head % args.n_kv_head == 0, "n_kv_head", f"an integer >= 1 dividing --n-head ({args.n_head})")
-    for name in ("n_expert", "expert_top_k"):
-        need(getattr(args, name) >= 1, name, "an integer >= 1")
-    need(args.expert_top_k <= args.n_expert, "expert_top_k", f"at most --n-expert ({args.n_expert}): a token goes to that many different experts")
-    need(math.isfinite(args.moe_aux_weight) and args.moe_aux_weight >= 0, "moe_aux_weight", "a finite number >= 0")
     if args.tokenizer == "bpe":
         try:
             bpe.check_vocab_size(args.vocab_size)
@@ -198,7 +172,7 @@ def check_model_flags(args, explicit, path, config, given_with, keeps):
         if name not in explicit:
             continue
         value = getattr(args, name)
-        if (not value if name == "no_tie_weights" else value) != getattr(config, field):
+        if (not value if name.startswith("no_") else value) != getattr(config, field):
             raise FlagError(
                 name, f"it with {given_with}" if isinstance(value, bool) else f"{value} with {given_with}",
                 f"the {'base ' if given_with == '--init-from' else ''}checkpoint's {field} = {getattr(config, field)} ({path}): {keeps}",
@@ -484,12 +458,7 @@ def _train(args, explicit, run):
         console.print(f"note: --data {escape(args.data)} is not the text the checkpoint was trained on (their sha256 differ)")
     if tokenizer is None:
         tokenizer = make_tokenizer(args, text)
-        config = GPTConfig(
-            vocab_size=tokenizer.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-            n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, norm=args.norm, mlp=args.mlp, pos=args.pos,
-            tie_weights=not args.no_tie_weights, n_kv_head=args.n_kv_head, attention=args.attention,
-            n_expert=args.n_expert, expert_top_k=args.expert_top_k,
-        )  # fmt: skip  (check_args has checked every value)
+        config = cli.config_from_flags(GPTConfig, args, vocab_size=tokenizer.vocab_size)  # check_args has checked every value
     # Memory: the ids take one byte per character (uint8) instead of eight (int64), and the text
     # is let go once encoded.
     try:

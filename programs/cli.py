@@ -1,5 +1,5 @@
 """The command-line plumbing of train.py and generate.py: their flags' errors, --kernels, the flags
-given explicitly, Ctrl-C and SIGTERM, and the one line (and exit code) a program ends
+made from a config's fields, Ctrl-C and SIGTERM, and the one line (and exit code) a program ends
 with when something goes wrong.
 
 A program never ends in a traceback for a user's mistake or a machine's fault: main() catches the
@@ -8,14 +8,19 @@ number after Ctrl-C (130) or SIGTERM (143). argparse itself exits with 2 for a f
 """
 import argparse
 import contextlib
+import dataclasses
+import re
 import signal
 import threading
+import types
+import typing
 
 from rich.console import Console
 from rich.markup import escape
 
 import microtensor as mt
 from microtensor.errors import MicrotensorError
+from models.gpt import ConfigError
 
 console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted
 
@@ -101,6 +106,55 @@ def runnable_kernel_set(name):
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
     return name
+
+
+# ------------------------------------------------------------------------- flags from a config
+
+
+def config_flags(config_class):
+    """{dest: field} of the flags made from config_class's fields that have a help text: the dest is
+    the field's name, or no_<name> for a field that is True by default (the flag turns it off)."""
+    return {
+        (f"no_{f.name}" if f.default is True else f.name): f.name
+        for f in dataclasses.fields(config_class) if "help" in f.metadata
+    }  # fmt: skip
+
+
+def add_config_flags(group, config_class):
+    """A flag per field of config_class with a help text, whose type, choices and default are the
+    field's: --n-layer (int), --norm {layernorm,rmsnorm}, --bias (off by default), --no-tie-weights
+    (on by default). In the help, `name` (another field) is written as its flag."""
+    dests = {name: dest for dest, name in config_flags(config_class).items()}
+    for f in dataclasses.fields(config_class):
+        if f.name not in dests:
+            continue
+        help = flag_names(f.metadata["help"], config_class)
+        if f.type is bool:
+            group.add_argument(flag(dests[f.name]), action="store_true", help=help)
+            continue
+        kind = f.type
+        if isinstance(kind, types.UnionType):  # int | None: an int, None by default
+            kind = next(t for t in typing.get_args(kind) if t is not type(None))
+        choices = f.metadata.get("choices")
+        group.add_argument(flag(f.name), type=None if choices else kind, choices=choices, default=f.default, help=help)
+
+
+def config_from_flags(config_class, args, **fields):
+    """config_class(**fields, and each field's value from its flag); a ConfigError becomes a FlagError
+    naming the flag, in words that name flags too."""
+    flags = config_flags(config_class)
+    options = {name: not getattr(args, dest) if dest.startswith("no_") else getattr(args, dest) for dest, name in flags.items()}
+    try:
+        return config_class(**fields, **options)
+    except ConfigError as error:
+        dest = next(dest for dest, name in flags.items() if name == error.field)
+        raise FlagError(dest, error.given, flag_names(error.expected, config_class)) from None
+
+
+def flag_names(text, config_class):
+    """text with each `field` of config_class written as its flag: `n_head` -> --n-head."""
+    dests = {name: dest for dest, name in config_flags(config_class).items()}
+    return re.sub(r"`(\w+)`", lambda match: flag(dests.get(match[1], match[1])), text)
 
 
 # ------------------------------------------------------------------------- Ctrl-C and SIGTERM
