@@ -59,7 +59,7 @@ class ConfigError(InputError):
 
 def option(default, help, **metadata):
     """A GPTConfig field with its help text (train.py makes a flag of it, with this help), and its
-    choices when it takes one of a few names; `with_` names the option it means something beside."""
+    choices when it takes one of a few names; only_with: the (field, value) it means something beside."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
@@ -94,8 +94,8 @@ class GPTConfig:
         "standard", "attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's "
         "tiles) keeps one number per row (docs/online-attention.md)", choices=("standard", "online"),
     )  # fmt: skip
-    n_expert: int = option(4, "experts of `mlp` moe", with_=("mlp", "moe"))
-    expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", with_=("mlp", "moe"))
+    n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
+    expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
 
     def __post_init__(self):
         """Check every field, types first (a float size or a string flag is refused, not rounded or
