@@ -31,7 +31,7 @@ MODEL_FLAGS = config_flags(GPTConfig)
 # GIVEN: the other flag must be given, whatever its value.
 GIVEN = object()
 DEPENDENT_FLAGS = {
-    **{f.name: f.metadata["with_"] for f in dataclasses.fields(GPTConfig) if "with_" in f.metadata},  # --n-expert needs --mlp moe
+    **{f.name: f.metadata["only_with"] for f in dataclasses.fields(GPTConfig) if "only_with" in f.metadata},  # --n-expert needs --mlp moe
     "moe_aux_weight": ("mlp", "moe"), "vocab_size": ("tokenizer", "bpe"),
     "lora_rank": ("init_from", GIVEN), "lora_alpha": ("lora_rank", GIVEN), "lora_targets": ("lora_rank", GIVEN),
 }  # fmt: skip
@@ -90,6 +90,197 @@ def check_args(args, explicit=()):
     if args.resume and args.force:
         raise FlagError("force", "with --resume", "one of them: --resume continues the checkpoint, --force replaces it")
     check_data_path(args.data)  # a DataError that names --data
+
+
+def set_up(args, explicit, run):
+    """Everything the training loop starts from, for a new run, --resume, --init-from, and LoRA.
+    args: checked by check_args; explicit: the flags given (cli.explicit_flags); run: a cli.Run.
+    Raises FlagError, DataError or CheckpointError."""
+    try:
+        stale = checkpoint.prepare_out_dir(args.out_dir)
+    except checkpoint.CheckpointError as error:
+        raise FlagError("out_dir", args.out_dir, f"a folder a checkpoint can be written to ({error})") from None
+    if stale:
+        console.print(f"removed {len(stale)} temporary file(s) that a killed run left in {escape(args.out_dir)}")
+    path = run.path
+    if path.is_dir():
+        raise FlagError("out_dir", args.out_dir, f"a folder in which {checkpoint.FILENAME} can be written ({path} is a folder)")
+    batch_rng = np.random.default_rng(args.seed)
+    # Fine-tuning: the base's weights (None when training from random ones), the record of the
+    # base that the checkpoint's meta keeps, and the adapters' settings (None without LoRA).
+    base_state, base_record, lora_record = None, None, None
+    if args.resume:
+        model_state, optim_state, meta = checkpoint.load(args.out_dir)
+        config = GPTConfig(**meta["config"])  # checkpoint.load checked it
+        start = meta["iteration"]
+        check_resume(args, explicit, path, config, optim_state, start)
+        check_resume_fine_tuning(args, explicit, path, meta)
+        lora_record = meta.get("lora")
+        if lora_record is not None:  # the checkpoint holds adapters alone: their base comes first
+            base_state, _ = checkpoint.load_base(args.out_dir, meta)
+        else:
+            base_record = full_fine_tuning_record(meta)
+        tokenizer = checkpoint.tokenizer_of(meta, path, config)
+        check_tokenizer_flags(args, explicit, path, config, tokenizer, "--resume")
+        best_val = meta.get("best_val")
+        history = earlier_losses(meta, start, path)
+        try:  # on a scratch generator: the states are put in place after the model is built
+            np.random.default_rng().bit_generator.state = meta["batch_rng"]
+            np.random.default_rng().bit_generator.state = meta["global_rng"]
+        except (KeyError, TypeError, ValueError) as error:
+            raise checkpoint.CheckpointError(f"{path}: its random generators' states cannot be restored ({error!r})") from None
+        run.saved_step = start
+    else:
+        if path.exists() and not args.force:
+            step = checkpoint.read_iteration(args.out_dir)
+            raise FlagError(
+                "out_dir", args.out_dir,
+                f"a folder without a checkpoint for a new run: {path} exists{f' (step {step})' if step is not None else ''}; "
+                "pass --resume to continue it, --force to replace it, or another --out-dir",
+            )  # fmt: skip
+        if path.exists():
+            run.earlier_step = checkpoint.read_iteration(args.out_dir)
+        mt.manual_seed(args.seed)
+        tokenizer = None
+        start, best_val = 0, None
+        history = loss_plot.LossHistory()
+        if args.init_from is not None:
+            base_state, config, tokenizer = load_base_for_fine_tuning(args, explicit)
+            if args.lora_rank is None:
+                base_record = {"base": str(Path(args.init_from).resolve()), "base_sha256": checkpoint.file_sha256(checkpoint.path_in(args.init_from))}
+            else:
+                alpha = float(args.lora_rank) if args.lora_alpha is None else args.lora_alpha
+                lora_record = checkpoint.lora_meta(args.init_from, args.lora_rank, alpha, lora.check_targets(args.lora_targets))
+    text = load_text(args.data, console)
+    text_sha256 = sha256(text)
+    if args.resume and meta.get("data_sha256") not in (None, text_sha256):
+        console.print(f"note: --data {escape(args.data)} is not the text the checkpoint was trained on (their sha256 differ)")
+    if tokenizer is None:
+        tokenizer = make_tokenizer(args, text)
+        config = config_from_flags(GPTConfig, args, vocab_size=tokenizer.vocab_size)  # check_args has checked every value
+    # Memory: the ids take one byte per character (uint8) instead of eight (int64), and the text
+    # is let go once encoded.
+    try:
+        ids = tokenizer.encode(text, dtype=tokenizer.id_dtype)
+    except DataError as error:
+        whose = "the checkpoint's" if args.resume else f"the base checkpoint's ({checkpoint.path_in(args.init_from)})"
+        raise DataError(f"--data {args.data} does not fit {whose} vocabulary: {error}") from None
+    del text
+    batches = Batches(ids, config.block_size)
+    # Losses are per token; bits per character compare models whose tokens differ (docs/bpe.md).
+    val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"])
+    # A checkpoint's dtype (float64 after `models.convert --dtype float64`) is the model's.
+    weights = base_state if base_state is not None else model_state if args.resume else None
+    dtype = getattr(mt, str(next(iter(weights.values())).dtype)) if weights is not None else mt.float32
+    model = GPT(config, dtype=dtype)
+    if base_state is not None:
+        model.load_state_dict(base_state)  # checkpoint.load checked every name and shape
+    if lora_record is not None:
+        add_adapters(model, lora_record)
+    # What the optimizer trains: every parameter, or with LoRA the adapters alone (add_lora froze the rest).
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = optim.AdamW(
+        optim.weight_decay_groups(trainable, args.weight_decay), lr=args.learning_rate, betas=(args.beta1, args.beta2)
+    )
+    if args.resume:
+        # checkpoint.load checked every name and shape; an adapter checkpoint holds the adapters alone
+        if lora_record is not None:
+            lora.load_lora_state_dict(model, model_state)
+        else:
+            model.load_state_dict(model_state)
+        if optim_state:
+            try:
+                optimizer.load_state_dict(optim_state)
+            except (RuntimeError, ValueError, TypeError) as error:
+                raise checkpoint.CheckpointError(f"{path}: its optimizer state does not fit the model: {error}") from None
+        else:  # a checkpoint imported by models.convert carries no optimizer state
+            console.print("the checkpoint holds no optimizer state: AdamW's moments start at zero")
+        batch_rng.bit_generator.state = meta["batch_rng"]
+        mt.random.set_state(meta["global_rng"])
+        console.print(f"resuming from {escape(args.out_dir)} at step {start}")
+    console.print(
+        f"[bold]GPT[/] {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, block {config.block_size}, "
+        f"vocabulary {config.vocab_size}: {model.num_parameters():,} parameters; {len(ids):,} {'characters' if isinstance(tokenizer, CharTokenizer) else 'tokens'} of text"
+    )
+    trained, total = lora.count_parameters(model)
+    fine_tuning = describe_fine_tuning(lora_record, base_record)
+    if fine_tuning is not None:
+        console.print(f"fine-tuning {escape(fine_tuning)}: {trained:,} of the {total:,} parameters are trained")
+    initial = None  # a resumed fine-tuning's losses before it started, measured by the run resumed here
+    if fine_tuning is not None and start > 0 and history.evaluations and history.evaluations[0][0] == 0:
+        initial = dict(zip(("train", "val"), history.evaluations[0][1:]))
+    return TrainingSetup(
+        args, run, config, model, optimizer, trainable, tokenizer, batches, batch_rng, history, start, best_val,
+        text_sha256, val_chars_per_token, lora_record, base_record, fine_tuning, initial,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass
+class TrainingSetup:
+    """What the training loop starts from, and the run's records it keeps up to date."""
+
+    args: object  # the flags (an argparse Namespace from train.build_parser)
+    run: object  # cli.Run: the checkpoint's path and the step it holds, the signal that asks to stop
+    config: GPTConfig
+    model: GPT
+    optimizer: optim.AdamW
+    trainable: list  # the parameters the optimizer trains: all, or with LoRA the adapters alone
+    tokenizer: object
+    batches: Batches
+    batch_rng: np.random.Generator  # draws the training batches: a resumed run continues its sequence
+    history: loss_plot.LossHistory  # every step's loss and every evaluation, for loss.svg
+    start: int  # the first step to run: 0, or a resumed checkpoint's
+    best_val: float | None
+    text_sha256: str
+    val_chars_per_token: float  # characters per token of the val split: bits per character compare tokenizers
+    lora_record: dict | None  # the adapters' settings and their base, with LoRA
+    base_record: dict | None  # the base of a full fine-tuning (--init-from without --lora-rank)
+    fine_tuning: str | None  # one line on what is fine-tuned (None: nothing is)
+    initial: dict | None = None  # the losses on --data before fine-tuning: where it starts from
+    evaluations: list = dataclasses.field(default_factory=list)  # (step, train loss, val loss) of this run
+
+    @property
+    def plot_path(self):
+        return Path(self.args.out_dir) / loss_plot.FILENAME
+
+    def record_evaluation(self, iteration, losses):
+        self.best_val = losses["val"] if self.best_val is None else min(self.best_val, losses["val"])
+        self.evaluations.append((iteration, losses["train"], losses["val"]))
+        self.history.add_evaluation(iteration, losses["train"], losses["val"])
+
+    def save(self, iteration):
+        """The checkpoint of this step (atomically: models/checkpoint.py), then its loss plot; a save
+        that fails stops the run, naming the checkpoint that is kept."""
+        args, path = self.args, self.run.path
+        meta = {
+            "iteration": iteration, "config": self.config.to_dict(), "args": vars(args), **checkpoint.tokenizer_meta(self.tokenizer),
+            "best_val": self.best_val, "batch_rng": self.batch_rng.bit_generator.state, "global_rng": mt.random.get_state(),
+            "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
+        }  # fmt: skip
+        if self.lora_record is not None:
+            meta["lora"] = self.lora_record
+        elif self.base_record is not None:
+            meta["init_from"] = self.base_record
+        try:
+            # with LoRA the checkpoint holds the adapters alone: the base is in its own file
+            parameters = lora.lora_state_dict(self.model) if self.lora_record is not None else None
+            checkpoint.save(args.out_dir, self.model, self.optimizer, meta, parameters=parameters)
+        except checkpoint.CheckpointSaveError as error:
+            raise TrainingStopped(f"{error}; {self.run.kept()}; training stopped at step {iteration}") from None
+        self.run.saved_step = iteration
+        write_loss_plot(self.plot_path, self.history, f"training loss of {path}, step {iteration:,}")
+
+    def stop_if_asked(self, iteration):
+        """At a step boundary: if Ctrl-C or SIGTERM came, save this step and stop."""
+        run = self.run
+        if run.stop_signal is None:
+            return
+        if run.saved_step != iteration:
+            self.save(iteration)
+        raise TrainingStopped(
+            f"{signal_name(run.stop_signal)}: interrupted at step {iteration}; saved to {run.path}; "
+            "resume with --resume (and the same flags)", 128 + run.stop_signal,
+        )  # fmt: skip
 
 
 def check_model_flags(args, explicit, path, config, given_with, keeps):
@@ -281,194 +472,3 @@ def write_loss_plot(plot_path, history, title):
     except (InputError, OSError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         console.print(f"note: could not write the loss plot {escape(str(plot_path))} ({escape(reason)}); training goes on")
-
-
-@dataclasses.dataclass
-class TrainingSetup:
-    """What the training loop starts from, and the run's records it keeps up to date."""
-
-    args: object  # the flags (an argparse Namespace from train.build_parser)
-    run: object  # cli.Run: the checkpoint's path and the step it holds, the signal that asks to stop
-    config: GPTConfig
-    model: GPT
-    optimizer: optim.AdamW
-    trainable: list  # the parameters the optimizer trains: all, or with LoRA the adapters alone
-    tokenizer: object
-    batches: Batches
-    batch_rng: np.random.Generator  # draws the training batches: a resumed run continues its sequence
-    history: loss_plot.LossHistory  # every step's loss and every evaluation, for loss.svg
-    start: int  # the first step to run: 0, or a resumed checkpoint's
-    best_val: float | None
-    text_sha256: str
-    val_chars_per_token: float  # characters per token of the val split: bits per character compare tokenizers
-    lora_record: dict | None  # the adapters' settings and their base, with LoRA
-    base_record: dict | None  # the base of a full fine-tuning (--init-from without --lora-rank)
-    fine_tuning: str | None  # one line on what is fine-tuned (None: nothing is)
-    initial: dict | None = None  # the losses on --data before fine-tuning: where it starts from
-    evaluations: list = dataclasses.field(default_factory=list)  # (step, train loss, val loss) of this run
-
-    @property
-    def plot_path(self):
-        return Path(self.args.out_dir) / loss_plot.FILENAME
-
-    def record_evaluation(self, iteration, losses):
-        self.best_val = losses["val"] if self.best_val is None else min(self.best_val, losses["val"])
-        self.evaluations.append((iteration, losses["train"], losses["val"]))
-        self.history.add_evaluation(iteration, losses["train"], losses["val"])
-
-    def save(self, iteration):
-        """The checkpoint of this step (atomically: models/checkpoint.py), then its loss plot; a save
-        that fails stops the run, naming the checkpoint that is kept."""
-        args, path = self.args, self.run.path
-        meta = {
-            "iteration": iteration, "config": self.config.to_dict(), "args": vars(args), **checkpoint.tokenizer_meta(self.tokenizer),
-            "best_val": self.best_val, "batch_rng": self.batch_rng.bit_generator.state, "global_rng": mt.random.get_state(),
-            "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
-        }  # fmt: skip
-        if self.lora_record is not None:
-            meta["lora"] = self.lora_record
-        elif self.base_record is not None:
-            meta["init_from"] = self.base_record
-        try:
-            # with LoRA the checkpoint holds the adapters alone: the base is in its own file
-            parameters = lora.lora_state_dict(self.model) if self.lora_record is not None else None
-            checkpoint.save(args.out_dir, self.model, self.optimizer, meta, parameters=parameters)
-        except checkpoint.CheckpointSaveError as error:
-            raise TrainingStopped(f"{error}; {self.run.kept()}; training stopped at step {iteration}") from None
-        self.run.saved_step = iteration
-        write_loss_plot(self.plot_path, self.history, f"training loss of {path}, step {iteration:,}")
-
-    def stop_if_asked(self, iteration):
-        """At a step boundary: if Ctrl-C or SIGTERM came, save this step and stop."""
-        run = self.run
-        if run.stop_signal is None:
-            return
-        if run.saved_step != iteration:
-            self.save(iteration)
-        raise TrainingStopped(
-            f"{signal_name(run.stop_signal)}: interrupted at step {iteration}; saved to {run.path}; "
-            "resume with --resume (and the same flags)", 128 + run.stop_signal,
-        )  # fmt: skip
-
-
-def set_up(args, explicit, run):
-    """Everything the training loop starts from, for a new run, --resume, --init-from, and LoRA.
-    args: checked by check_args; explicit: the flags given (cli.explicit_flags); run: a cli.Run.
-    Raises FlagError, DataError or CheckpointError."""
-    try:
-        stale = checkpoint.prepare_out_dir(args.out_dir)
-    except checkpoint.CheckpointError as error:
-        raise FlagError("out_dir", args.out_dir, f"a folder a checkpoint can be written to ({error})") from None
-    if stale:
-        console.print(f"removed {len(stale)} temporary file(s) that a killed run left in {escape(args.out_dir)}")
-    path = run.path
-    if path.is_dir():
-        raise FlagError("out_dir", args.out_dir, f"a folder in which {checkpoint.FILENAME} can be written ({path} is a folder)")
-    batch_rng = np.random.default_rng(args.seed)
-    # Fine-tuning: the base's weights (None when training from random ones), the record of the
-    # base that the checkpoint's meta keeps, and the adapters' settings (None without LoRA).
-    base_state, base_record, lora_record = None, None, None
-    if args.resume:
-        model_state, optim_state, meta = checkpoint.load(args.out_dir)
-        config = GPTConfig(**meta["config"])  # checkpoint.load checked it
-        start = meta["iteration"]
-        check_resume(args, explicit, path, config, optim_state, start)
-        check_resume_fine_tuning(args, explicit, path, meta)
-        lora_record = meta.get("lora")
-        if lora_record is not None:  # the checkpoint holds adapters alone: their base comes first
-            base_state, _ = checkpoint.load_base(args.out_dir, meta)
-        else:
-            base_record = full_fine_tuning_record(meta)
-        tokenizer = checkpoint.tokenizer_of(meta, path, config)
-        check_tokenizer_flags(args, explicit, path, config, tokenizer, "--resume")
-        best_val = meta.get("best_val")
-        history = earlier_losses(meta, start, path)
-        try:  # on a scratch generator: the states are put in place after the model is built
-            np.random.default_rng().bit_generator.state = meta["batch_rng"]
-            np.random.default_rng().bit_generator.state = meta["global_rng"]
-        except (KeyError, TypeError, ValueError) as error:
-            raise checkpoint.CheckpointError(f"{path}: its random generators' states cannot be restored ({error!r})") from None
-        run.saved_step = start
-    else:
-        if path.exists() and not args.force:
-            step = checkpoint.read_iteration(args.out_dir)
-            raise FlagError(
-                "out_dir", args.out_dir,
-                f"a folder without a checkpoint for a new run: {path} exists{f' (step {step})' if step is not None else ''}; "
-                "pass --resume to continue it, --force to replace it, or another --out-dir",
-            )  # fmt: skip
-        if path.exists():
-            run.earlier_step = checkpoint.read_iteration(args.out_dir)
-        mt.manual_seed(args.seed)
-        tokenizer = None
-        start, best_val = 0, None
-        history = loss_plot.LossHistory()
-        if args.init_from is not None:
-            base_state, config, tokenizer = load_base_for_fine_tuning(args, explicit)
-            if args.lora_rank is None:
-                base_record = {"base": str(Path(args.init_from).resolve()), "base_sha256": checkpoint.file_sha256(checkpoint.path_in(args.init_from))}
-            else:
-                alpha = float(args.lora_rank) if args.lora_alpha is None else args.lora_alpha
-                lora_record = checkpoint.lora_meta(args.init_from, args.lora_rank, alpha, lora.check_targets(args.lora_targets))
-    text = load_text(args.data, console)
-    text_sha256 = sha256(text)
-    if args.resume and meta.get("data_sha256") not in (None, text_sha256):
-        console.print(f"note: --data {escape(args.data)} is not the text the checkpoint was trained on (their sha256 differ)")
-    if tokenizer is None:
-        tokenizer = make_tokenizer(args, text)
-        config = config_from_flags(GPTConfig, args, vocab_size=tokenizer.vocab_size)  # check_args has checked every value
-    # Memory: the ids take one byte per character (uint8) instead of eight (int64), and the text
-    # is let go once encoded.
-    try:
-        ids = tokenizer.encode(text, dtype=tokenizer.id_dtype)
-    except DataError as error:
-        whose = "the checkpoint's" if args.resume else f"the base checkpoint's ({checkpoint.path_in(args.init_from)})"
-        raise DataError(f"--data {args.data} does not fit {whose} vocabulary: {error}") from None
-    del text
-    batches = Batches(ids, config.block_size)
-    # Losses are per token; bits per character compare models whose tokens differ (docs/bpe.md).
-    val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"])
-    # A checkpoint's dtype (float64 after `models.convert --dtype float64`) is the model's.
-    weights = base_state if base_state is not None else model_state if args.resume else None
-    dtype = getattr(mt, str(next(iter(weights.values())).dtype)) if weights is not None else mt.float32
-    model = GPT(config, dtype=dtype)
-    if base_state is not None:
-        model.load_state_dict(base_state)  # checkpoint.load checked every name and shape
-    if lora_record is not None:
-        add_adapters(model, lora_record)
-    # What the optimizer trains: every parameter, or with LoRA the adapters alone (add_lora froze the rest).
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = optim.AdamW(
-        optim.weight_decay_groups(trainable, args.weight_decay), lr=args.learning_rate, betas=(args.beta1, args.beta2)
-    )
-    if args.resume:
-        # checkpoint.load checked every name and shape; an adapter checkpoint holds the adapters alone
-        if lora_record is not None:
-            lora.load_lora_state_dict(model, model_state)
-        else:
-            model.load_state_dict(model_state)
-        if optim_state:
-            try:
-                optimizer.load_state_dict(optim_state)
-            except (RuntimeError, ValueError, TypeError) as error:
-                raise checkpoint.CheckpointError(f"{path}: its optimizer state does not fit the model: {error}") from None
-        else:  # a checkpoint imported by models.convert carries no optimizer state
-            console.print("the checkpoint holds no optimizer state: AdamW's moments start at zero")
-        batch_rng.bit_generator.state = meta["batch_rng"]
-        mt.random.set_state(meta["global_rng"])
-        console.print(f"resuming from {escape(args.out_dir)} at step {start}")
-    console.print(
-        f"[bold]GPT[/] {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, block {config.block_size}, "
-        f"vocabulary {config.vocab_size}: {model.num_parameters():,} parameters; {len(ids):,} {'characters' if isinstance(tokenizer, CharTokenizer) else 'tokens'} of text"
-    )
-    trained, total = lora.count_parameters(model)
-    fine_tuning = describe_fine_tuning(lora_record, base_record)
-    if fine_tuning is not None:
-        console.print(f"fine-tuning {escape(fine_tuning)}: {trained:,} of the {total:,} parameters are trained")
-    initial = None  # a resumed fine-tuning's losses before it started, measured by the run resumed here
-    if fine_tuning is not None and start > 0 and history.evaluations and history.evaluations[0][0] == 0:
-        initial = dict(zip(("train", "val"), history.evaluations[0][1:]))
-    return TrainingSetup(
-        args, run, config, model, optimizer, trainable, tokenizer, batches, batch_rng, history, start, best_val,
-        text_sha256, val_chars_per_token, lora_record, base_record, fine_tuning, initial,
-    )  # fmt: skip
