@@ -54,7 +54,7 @@ from microtensor.errors import MicrotensorError
 from models import checkpoint, lora
 from models.gpt import GPTConfig
 from programs import cli, loss_plot, training
-from programs.cli import TrainingStopped, add_config_flags, console
+from programs.cli import TrainingStopped, console
 
 
 def build_parser():
@@ -69,7 +69,7 @@ def build_parser():
     data.add_argument("--force", action="store_true", help="start a new run even though --out-dir holds a checkpoint, which the first save replaces")
     data.add_argument("--seed", type=int, default=1337, help="seed for initialization, batches and dropout")
     cli.add_kernels_argument(p, data)
-    add_config_flags(p.add_argument_group("model"), GPTConfig)  # --n-layer, --n-head, ...: GPTConfig's fields
+    cli.add_config_flags(p.add_argument_group("model"), GPTConfig)  # --n-layer, --n-head, ...: GPTConfig's fields
     data.add_argument("--tokenizer", choices=("char", "bpe"), default="char", help="one token per character, or byte-level BPE trained on the training text (docs/bpe.md)")
     data.add_argument("--vocab-size", type=int, default=512, help="tokens of --tokenizer bpe: the 256 byte values and the merges learned")
     train = p.add_argument_group("optimization")
