@@ -18,7 +18,7 @@ from rich.markup import escape
 import microtensor as mt
 from microtensor import optim
 from microtensor.errors import InputError, InputTypeError
-from models import bpe, checkpoint, lora
+from models import bpe, checkpoint, data, lora
 from models.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
 from models.gpt import GPT, GPTConfig
 from programs import loss_plot
@@ -151,7 +151,10 @@ def set_up(args, explicit, run):
             else:
                 alpha = float(args.lora_rank) if args.lora_alpha is None else args.lora_alpha
                 lora_record = checkpoint.lora_meta(args.init_from, args.lora_rank, alpha, lora.check_targets(args.lora_targets))
-    text = load_text(args.data, console)
+    if args.resume:  # without --data, the text the checkpoint was trained on, not the default corpus
+        text, args.data = data.text_to_resume(meta, args.data, "data" in explicit, console, path)
+    else:
+        text = load_text(args.data, console)
     text_sha256 = sha256(text)
     if args.resume and meta.get("data_sha256") not in (None, text_sha256):
         console.print(f"note: --data {escape(args.data)} is not the text the checkpoint was trained on (their sha256 differ)")
@@ -255,7 +258,7 @@ class TrainingSetup:
         meta = {
             "iteration": iteration, "config": self.config.to_dict(), "args": vars(args), **checkpoint.tokenizer_meta(self.tokenizer),
             "best_val": self.best_val, "batch_rng": self.batch_rng.bit_generator.state, "global_rng": mt.random.get_state(),
-            "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
+            "data_path": data.data_path(args.data), "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
         }  # fmt: skip
         if self.lora_record is not None:
             meta["lora"] = self.lora_record

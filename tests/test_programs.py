@@ -276,6 +276,24 @@ def test_the_fetched_corpus_and_its_cache_are_the_same_text(tmp_path, monkeypatc
     assert len(downloads) == 2
 
 
+def test_resume_without_data_trains_on_the_text_the_checkpoint_names(tmp_path, monkeypatch, capsys):
+    """--resume without --data reads the text of the first run (by its path, checked by its sha256),
+    not the default corpus; a text changed since is refused, naming what the checkpoint needs."""
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(np.random.default_rng(0).choice(list("abc de\n"), 3000)))
+    monkeypatch.setattr(data, "shakespeare", lambda *a, **k: pytest.fail("the default corpus was read"))
+    argv = ["--out-dir", str(tmp_path / "out"), *TINY, "--eval-interval", "100", "--sample-chars", "0"]
+    assert train.main([*argv, "--data", "corpus.txt", "--max-iters", "2"]) == 0
+    assert train.main([*argv, "--max-iters", "4", "--resume"]) == 0
+    assert checkpoint.load(tmp_path / "out")[2]["iteration"] == 4
+    corpus.write_text("another text " * 300)
+    capsys.readouterr()
+    assert train.main([*argv, "--max-iters", "6", "--resume"]) == 1
+    out = said(capsys)
+    assert f"was trained on --data {corpus}" in out and "pass --data with the text it was trained on" in out
+
+
 def test_a_resumed_run_on_the_cached_corpus_sees_the_text_of_the_first_run(tmp_path, monkeypatch, capsys):
     rng = np.random.default_rng(0)
     play = "".join(rng.choice(list("abc de\r\n"), 3000))
