@@ -101,7 +101,7 @@ class WindowedCache:
             self.keys, self.values = model.new_cache_arrays(batch)  # (n_layer, B, Hk, block_size, D) each
             self.caches = model.new_caches(batch, (self.keys, self.values))
         self.decode_weights = None  # the fast set's copy of the weights, gathered at the first one-token step
-        self.fits_decode_kernel = model.fits_decode_kernel()  # not for quantized or LoRA layers
+        self.fits_decode_kernel = mt.get_kernels() == "fast" and model.fits_decode_kernel()  # not for quantized or LoRA layers
 
     def start_for(self, length):
         """Where the window of a sequence of `length` tokens starts (the rule, without moving it)."""
@@ -132,7 +132,7 @@ class WindowedCache:
                 logits = model(window)[0].data[:, self.fed :]  # (B, m, V)
         elif new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and self.fits_decode_kernel:
             # one token per sequence: the fast set's one-kernel step, as generate_tokens takes it
-            from microtensor.fast import decode
+            from models import decode_kernel as decode
 
             if self.decode_weights is None:
                 self.decode_weights = decode.decode_weights(model)

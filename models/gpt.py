@@ -22,7 +22,7 @@ each layer keeps its keys and values in arrays (B, Hk, block_size, D) with a wri
 n_kv_head), so a new token costs one token's work. The prompt (many tokens at once) goes through the modules above, which
 fill the caches, and so does every later token under the readable kernel set. Under the fast set
 (`mt.set_kernels("fast")`, the default), a one-token step is instead one kernel call for the whole
-model (`microtensor/fast/decode.py`): the same logits, the same cache arrays written. The context
+model (`models/decode_kernel.py`): the same logits, the same cache arrays written. The context
 window rule (`window_start`), shared by the cached and uncached paths so that both compute the same
 logits: the model sees the tokens from `start` on; once they would exceed block_size, `start` jumps
 forward so that the last max(1, block_size // 2) tokens remain, and the cache is rebuilt from those
@@ -374,13 +374,11 @@ class GPT(nn.Module):
         return self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
 
     def fits_decode_kernel(self):
-        """Whether the fast set's one-token kernel (microtensor/fast/decode.py) can run this model as it
-        is now: its options (decode_kernel_fits), and every layer's weight a plain float matrix. The
-        kernel reads each layer's weight only, so quantized layers and unmerged LoRA adapters
-        (models/quantize.py, models/lora.py) take the modules' path."""
-        from models.lora import has_lora
+        """Whether the fast set's one-token kernel (models/decode_kernel.py) can run this model as it
+        is now: the kernel asks its options and every layer (`decode_kernel.can_run`)."""
+        from models import decode_kernel  # the fast set's: only under it
 
-        return decode_kernel_fits(self.config) and getattr(self, "quantization", None) is None and not has_lora(self)
+        return decode_kernel.can_run(self)
 
     def _generate_tokens(self, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
         rng = np.random.default_rng(seed)
@@ -390,7 +388,7 @@ class GPT(nn.Module):
         if use_kv_cache:
             keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
         decode_weights = None  # the fast set's copy of the weights, gathered at its first one-token step
-        fits_decode = self.fits_decode_kernel()
+        fits_decode = mt.get_kernels() == "fast" and self.fits_decode_kernel()
         was_training = self.training
         self.eval()
         try:
@@ -406,7 +404,7 @@ class GPT(nn.Module):
                     new_tokens = window[:, fed:] if use_kv_cache else window
                     if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and fits_decode:
                         # fast path: one kernel over every layer replaces this token's trip through the modules
-                        from microtensor.fast import decode
+                        from models import decode_kernel as decode
 
                         if decode_weights is None:
                             decode_weights = decode.decode_weights(self)  # a copy, kept for the whole generation
@@ -444,21 +442,6 @@ class GPT(nn.Module):
         tokens = [t for t, _ in self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
         new = np.stack(tokens, axis=1) if tokens else np.zeros((prompt.shape[0], 0), dtype=np.int64)
         return mt.tensor(np.concatenate([prompt, new], axis=1))
-
-
-def decode_kernel_fits(config):
-    """Whether the fast set's one-token kernel (microtensor/fast/decode.py) covers this model; the
-    others take each token through the modules, with the same results. It covers every option of
-    GPTConfig today: any n_kv_head, every position scheme, both norms, every MLP (the mixture of
-    experts routes the one token as the module does), and both attention kernels (the same math).
-    The options are listed, not assumed, so that an option added later takes the module path until
-    the kernel learns it."""
-    return (
-        config.norm in ("layernorm", "rmsnorm")
-        and config.mlp in ("gelu", "swiglu", "moe")
-        and config.pos in ("learned", "rope", "sinusoidal", "alibi")
-        and config.attention in ("standard", "online")
-    )
 
 
 def window_start(length, start, block_size):

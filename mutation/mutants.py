@@ -718,7 +718,7 @@ MUTANTS = [
         why="the fast copy of a leaf's first gradient into .grad drops the signs",
     ),
     Mutant(
-        "decode.tied_head", "microtensor/fast/decode.py",
+        "decode.tied_head", "models/decode_kernel.py",
         "lm_head = parts.wte.weight.data.T if config.tie_weights else",
         "lm_head = parts.wte.weight.data.T if config.tie_weights or config.bias else",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-True-False"',
@@ -726,7 +726,7 @@ MUTANTS = [
         why="the one-token step uses wteᵀ as the output layer of an untied model (with biases)",
     ),
     Mutant(
-        "decode.learned_position", "microtensor/fast/decode.py",
+        "decode.learned_position", "models/decode_kernel.py",
         "x[c] += w.wpe[position, c]",
         "x[c] += w.wpe[position - 1, c]",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-False-True"',
@@ -734,7 +734,7 @@ MUTANTS = [
         why="the new token gets the previous position's embedding",
     ),
     Mutant(
-        "decode.attention_excludes_the_new_token", "microtensor/fast/decode.py",
+        "decode.attention_excludes_the_new_token", "models/decode_kernel.py",
         "n, D = position + 1, keys.shape[1]",
         "n, D = position, keys.shape[1]",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-False-True"',
@@ -742,7 +742,7 @@ MUTANTS = [
         why="the new token attends to the cached positions but not to itself",
     ),
     Mutant(
-        "decode.grouped_head", "microtensor/fast/decode.py",
+        "decode.grouped_head", "models/decode_kernel.py",
         "g = h // group  # the key/value head of h's group",
         "g = h % Hk  # the key/value head of h's group",
         'tests/test_decode_variants.py -k "float64"',
@@ -750,7 +750,7 @@ MUTANTS = [
         why="the one-token step pairs query heads with the wrong shared key/value heads",
     ),
     Mutant(
-        "decode.alibi_sign", "microtensor/fast/decode.py",
+        "decode.alibi_sign", "models/decode_kernel.py",
         "s = s * scale - slope * keys.dtype.type(position - j)",
         "s = s * scale + slope * keys.dtype.type(position - j)",
         'tests/test_decode_variants.py -k "float64"',
@@ -758,7 +758,7 @@ MUTANTS = [
         why="ALiBi rewards distance instead of penalizing it in the one-token step",
     ),
     Mutant(
-        "decode.expert_ties", "microtensor/fast/decode.py",
+        "decode.expert_ties", "models/decode_kernel.py",
         "probs[e] > probs[best]",
         "probs[e] >= probs[best]",
         "tests/test_decode_variants.py -k equal_probabilities",
