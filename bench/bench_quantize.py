@@ -20,7 +20,7 @@ input rows):
   float32 is also timed through the modules ("float32, modules": the decode kernel switched off
   here by making models.decode_kernel.decode_kernel_fits answer False), which is the fair comparison of the
   products. With block_size 64, every variant feeds its last 32 tokens through the modules again
-  each time the window passes block_size (models/gpt.py's window rule): that is in every time.
+  each time the window passes block_size (models/decoder.py's window rule): that is in every time.
   Also: where the greedy tokens first differ from float32's (once one token differs, the
   texts go separate ways, so the count of equal tokens after it says little).
 

@@ -13,9 +13,8 @@ gathered once per generation into a `DecodeWeights`, and each token is a single 
 `decode_step`, whose loops run on plain arrays. It computes what `GPT.forward` computes for the
 last position (the same logits to float rounding: the sums run in another order) and writes the
 same keys and values into the same cache arrays, so a cache filled by the modules (a prompt, many
-tokens at once) can be continued here and the other way round. `GPT.generate_tokens` and
-models/decoding.py call it only under the fast kernel set; under the readable set every token goes
-through the modules.
+tokens at once) can be continued here and the other way round. The `Decoder` (models/decoder.py)
+calls it only under the fast kernel set; under the readable set every token goes through the modules.
 
 For one sequence b with its new token at window position t, x the residual stream (C,), H query
 heads and Hk key/value heads of size D = C / H (G = H / Hk query heads share one key/value head),

@@ -10,7 +10,8 @@ import pytest
 import microtensor as mt
 from microtensor import GradcheckError, gradcheck
 from microtensor.errors import InputError, InputTypeError
-from models.gpt import GPT, GPTConfig, keep_top_k, keep_top_p, sample
+from models.gpt import GPT, GPTConfig
+from models.sampling import keep_top_k, keep_top_p, sample
 
 OPTIONS = [
     dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
