@@ -765,4 +765,12 @@ MUTANTS = [
         jit=True,
         why="experts tied in probability go to the higher number, unlike the module",
     ),
+    Mutant(
+        "decode.lora_layer_says_yes", "models/lora.py",
+        "fits_decode_kernel = False",
+        "fits_decode_kernel = True",
+        "tests/test_decoding.py -k unmerged_lora_adapters",
+        jit=True,
+        why="a LoRA layer lets the one-token kernel run it, which reads the base weight and drops the adapter",
+    ),
 ]
