@@ -7,7 +7,7 @@ weights (the initialization), greedy generation of 200 tokens from a 1-token pro
 the KV cache, under the fast kernel set. Each variant changes one option of the baseline (learned
 positions, 4 key/value heads, the GELU MLP): ALiBi positions, one key/value head (multi-query), a
 mixture of 4 experts with 2 per token. Each runs two ways: "kernel", where every one-token step is
-one call of microtensor/fast/decode.py, and "fallback", where `decode_kernel_fits` is patched to
+one call of models/decode_kernel.py, and "fallback", where `decode_kernel_fits` is patched to
 say no, so every step goes through the modules (the path these options took before the kernel
 covered them). 200 tokens pass block_size, so both also rebuild the cache through the modules
 every 32 tokens (the window rule).
@@ -25,7 +25,7 @@ import numpy as np
 from run_all import conditions_line
 
 import microtensor as mt
-from models import gpt as gpt_module
+from models import decode_kernel
 from models.gpt import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
@@ -50,16 +50,16 @@ DEFAULT_JSON = ROOT / "bench" / "results" / "decode_variants.json"
 def generator(model, way):
     """A function that runs one whole greedy generation and returns its tokens (NEW_TOKENS,)."""
     prompt = np.zeros((1, 1), dtype=np.int64)
-    fits = gpt_module.decode_kernel_fits
+    fits = decode_kernel.decode_kernel_fits
 
     def run():
         if way == "fallback":
-            gpt_module.decode_kernel_fits = lambda config: False
+            decode_kernel.decode_kernel_fits = lambda config: False
         try:
             with mt.using_kernels("fast"):
                 out = model.generate(prompt, NEW_TOKENS, temperature=0, use_kv_cache=True)
         finally:
-            gpt_module.decode_kernel_fits = fits
+            decode_kernel.decode_kernel_fits = fits
         return out.data[0, 1:]
 
     return run
@@ -71,7 +71,7 @@ def build():
     for name, options in VARIANTS.items():
         mt.manual_seed(0)
         model = GPT(GPTConfig(**RECIPE, **options))
-        if not gpt_module.decode_kernel_fits(model.config):
+        if not decode_kernel.decode_kernel_fits(model.config):
             raise SystemExit(f"bench_decode_variants: decode_kernel_fits says no to {name}; there is no kernel to measure")
         for way in WAYS:
             runs[name, way] = generator(model, way)

@@ -1,4 +1,4 @@
-"""Beam search and speculative decoding (models/decoding.py) on a trained target and draft.
+"""Beam search and speculative decoding (models/beam.py, models/speculative.py) on a trained target and draft.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_decoding.py [--json FILE]
 
@@ -35,8 +35,11 @@ from run_all import conditions_line
 
 import microtensor as mt
 from models import checkpoint
-from models.decoding import WindowedCache, beam_search, log_softmax, speculative_generate
+from models.beam import beam_search
+from models.decoder import Decoder
 from models.gpt import GPT, GPTConfig
+from models.sampling import log_softmax
+from models.speculative import speculative_generate
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "decoding.json"
 TARGET_FLAGS = []  # the default recipe
@@ -163,7 +166,7 @@ def measure_costs(target, draft, prompt):
     costs = {}
     with mt.no_grad():
         for name, model in (("target", target), ("draft", draft)):
-            cache = WindowedCache(model, 1, len(prompt))
+            cache = Decoder(model, 1, len(prompt))
             sequence = np.array([prompt])
             cache.feed(sequence)
             longer = np.concatenate([sequence, [[1]]], axis=1)
@@ -173,7 +176,7 @@ def measure_costs(target, draft, prompt):
                 cache.feed(longer)
 
             costs[f"{name}_one_token_decode_kernel_s"] = median_seconds(one_token)
-        cache = WindowedCache(target, 1, len(prompt))
+        cache = Decoder(target, 1, len(prompt))
         sequence = np.array([prompt])
         cache.feed(sequence)
         for k in SPECULATE:

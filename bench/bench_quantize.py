@@ -18,9 +18,9 @@ input rows):
   A float32 model's one-token steps run the fast set's decode kernel (the whole model in one
   kernel); a quantized model's go through the modules, each Linear its quantized product. So
   float32 is also timed through the modules ("float32, modules": the decode kernel switched off
-  here by making models.gpt.decode_kernel_fits answer False), which is the fair comparison of the
+  here by making models.decode_kernel.decode_kernel_fits answer False), which is the fair comparison of the
   products. With block_size 64, every variant feeds its last 32 tokens through the modules again
-  each time the window passes block_size (models/gpt.py's window rule): that is in every time.
+  each time the window passes block_size (models/decoder.py's window rule): that is in every time.
   Also: where the greedy tokens first differ from float32's (once one token differs, the
   texts go separate ways, so the count of equal tokens after it says little).
 
@@ -38,7 +38,7 @@ import numpy as np
 from run_all import conditions_line
 
 import microtensor as mt
-import models.gpt
+import models.decode_kernel
 from models import checkpoint
 from models.data import Batches, load_text
 from models.gpt import GPT, GPTConfig
@@ -87,12 +87,12 @@ def val_loss(model, val_ids):
 @contextmanager
 def module_path_only():
     """Every one-token step through the modules: the decode kernel's test answers False meanwhile."""
-    original = models.gpt.decode_kernel_fits
-    models.gpt.decode_kernel_fits = lambda config: False
+    original = models.decode_kernel.decode_kernel_fits
+    models.decode_kernel.decode_kernel_fits = lambda config: False
     try:
         yield
     finally:
-        models.gpt.decode_kernel_fits = original
+        models.decode_kernel.decode_kernel_fits = original
 
 
 def generator(model, prompt, decode_kernel):

@@ -17,20 +17,14 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
   when untied).
 The options combine freely.
 
-Generation (`generate`, `generate_tokens`) runs without gradients and, by default, with a KV cache:
-each layer keeps its keys and values in arrays (B, Hk, block_size, D) with a write position (Hk =
-n_kv_head), so a new token costs one token's work. The prompt (many tokens at once) goes through the modules above, which
-fill the caches, and so does every later token under the readable kernel set. Under the fast set
-(`mt.set_kernels("fast")`, the default), a one-token step is instead one kernel call for the whole
-model (`microtensor/fast/decode.py`): the same logits, the same cache arrays written. The context
-window rule (`window_start`), shared by the cached and uncached paths so that both compute the same
-logits: the model sees the tokens from `start` on; once they would exceed block_size, `start` jumps
-forward so that the last max(1, block_size // 2) tokens remain, and the cache is rebuilt from those
-(positions restart at 0 in the new window).
+Generation (`generate`, `generate_tokens`) samples over a Decoder (models/sampling.py,
+models/decoder.py), which keeps each layer's keys and values in a `KVCache` (below) so that a new
+token costs one token's work, and applies the context window rule past block_size. With caches,
+`forward` takes the new tokens at positions offset .. offset + T - 1 of the window.
 
 Every argument is checked before any kernel runs (`GPTConfig`'s fields, the token ids against the
-vocabulary, the sampling options, the caches' positions): the kernels index without bounds checks,
-so an id outside the vocabulary would otherwise read outside the embedding table.
+vocabulary, the caches' positions): the kernels index without bounds checks, so an id outside the
+vocabulary would otherwise read outside the embedding table.
 """
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -43,7 +37,8 @@ from microtensor import nn
 from microtensor.errors import InputError, InputTypeError
 from microtensor.ops.positions import sinusoidal_embedding
 
-SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
+from .decoder import check_generation_options, check_ids, check_prompt
+from .sampling import sampled_tokens
 
 
 class ConfigError(InputError):
@@ -321,7 +316,7 @@ class GPT(nn.Module):
         if idx.ndim != 2 or idx.dtype.kind not in "iu":
             raise InputError(f"GPT: idx must be an integer tensor (B, T), got {idx.dtype} of shape {idx.shape}")
         B, T = idx.shape
-        _check_ids("GPT", idx.data, self.config.vocab_size)
+        check_ids("GPT", idx.data, self.config.vocab_size)
         if not _is_int(offset) or offset < 0:
             raise InputError(f"GPT: offset must be an int >= 0, got {offset!r}")
         if offset + T > self.config.block_size and (self.config.pos == "learned" or caches is not None):
@@ -405,187 +400,24 @@ class GPT(nn.Module):
         return [KVCache(k, v) for k, v in zip(keys, values)]
 
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
-        """Yield (next token ids (B,), their logits (B, V)) one step at a time; see the module
-        docstring for the window rule past block_size. Every argument is checked here, when called,
-        not at the first step (see `generate` for their meaning)."""
-        prompt = _check_prompt("generate_tokens", idx, self.config.vocab_size)
-        _check_generation_options("generate_tokens", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
-        return self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
-
-    def fits_decode_kernel(self):
-        """Whether the fast set's one-token kernel (microtensor/fast/decode.py) can run this model as it
-        is now: its options (decode_kernel_fits), and every layer's weight a plain float matrix. The
-        kernel reads each layer's weight only, so quantized layers and unmerged LoRA adapters
-        (models/quantize.py, models/lora.py) take the modules' path."""
-        from models.lora import has_lora
-
-        return decode_kernel_fits(self.config) and getattr(self, "quantization", None) is None and not has_lora(self)
-
-    def _generate_tokens(self, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
-        rng = np.random.default_rng(seed)
-        block = self.config.block_size
-        # A prompt longer than the block starts with its last block_size tokens.
-        start, caches, fed = max(0, idx.shape[1] - block), None, 0  # fed: tokens of the window in the cache
-        if use_kv_cache:
-            keys, values = self.new_cache_arrays(idx.shape[0])  # (n_layer, B, H, block, D), reused by every window
-        decode_weights = None  # the fast set's copy of the weights, gathered at its first one-token step
-        fits_decode = self.fits_decode_kernel()
-        was_training = self.training
-        self.eval()
-        try:
-            with mt.no_grad():
-                for _ in range(max_new_tokens):
-                    new_start = window_start(idx.shape[1], start, block)
-                    if new_start != start:
-                        start, caches = new_start, None
-                    window = idx[:, start:]
-                    if caches is None and use_kv_cache:
-                        # the old window's entries need no clearing: attention reads positions < length only
-                        caches, fed = self.new_caches(idx.shape[0], (keys, values)), 0
-                    new_tokens = window[:, fed:] if use_kv_cache else window
-                    if use_kv_cache and new_tokens.shape[1] == 1 and mt.get_kernels() == "fast" and fits_decode:
-                        # fast path: one kernel over every layer replaces this token's trip through the modules
-                        from microtensor.fast import decode
-
-                        if decode_weights is None:
-                            decode_weights = decode.decode_weights(self)  # a copy, kept for the whole generation
-                        last = decode.decode(decode_weights, new_tokens[:, 0], fed, keys, values)  # (B, V)
-                        fed = window.shape[1]
-                        for cache in caches:
-                            cache.length = fed
-                    else:
-                        # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
-                        with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
-                            if use_kv_cache:
-                                logits, _ = self(new_tokens, caches=caches, offset=fed)
-                                fed = window.shape[1]
-                            else:
-                                logits, _ = self(window)
-                        last = logits.data[:, -1, :]  # (B, V)
-                    token = sample(last, temperature, top_k, top_p, rng)
-                    idx = np.concatenate([idx, token[:, None]], axis=1)
-                    yield token, last
-        finally:
-            self.train(was_training)
+        """Yield (next token ids (B,), their logits (B, V)) one step at a time, as `generate` makes
+        them. Every argument is checked here, when called, not at the first step."""
+        prompt = check_prompt("generate_tokens", idx, self.config.vocab_size)
+        check_generation_options("generate_tokens", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
+        return sampled_tokens(self, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
         """idx (B, T) -> (B, T + max_new_tokens) int tensor: greedy when temperature is 0, else sampled
         from softmax(logits / temperature), optionally limited to the top_k tokens or to the smallest
-        set whose probability reaches top_p.
+        set whose probability reaches top_p (models/sampling.py, over models/decoder.py's Decoder).
 
         idx: integer ids in [0, vocab_size), B >= 1 sequences of T >= 1 tokens (a Tensor, an array or
         nested lists); max_new_tokens an int >= 0; temperature a finite number >= 0; top_k None or
         an int >= 1 (more than the vocabulary keeps every token); top_p None or a number in (0, 1];
         use_kv_cache True or False; seed None or an int >= 0.
         """
-        prompt = _check_prompt("generate", idx, self.config.vocab_size)
-        _check_generation_options("generate", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
-        tokens = [t for t, _ in self._generate_tokens(prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
+        prompt = check_prompt("generate", idx, self.config.vocab_size)
+        check_generation_options("generate", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
+        tokens = [t for t, _ in sampled_tokens(self, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
         new = np.stack(tokens, axis=1) if tokens else np.zeros((prompt.shape[0], 0), dtype=np.int64)
         return mt.tensor(np.concatenate([prompt, new], axis=1))
-
-
-def decode_kernel_fits(config):
-    """Whether the fast set's one-token kernel (microtensor/fast/decode.py) covers this model; the
-    others take each token through the modules, with the same results. It covers every option of
-    GPTConfig today: any n_kv_head, every position scheme, both norms, every MLP (the mixture of
-    experts routes the one token as the module does), and both attention kernels (the same math).
-    The options are listed, not assumed, so that an option added later takes the module path until
-    the kernel learns it."""
-    return (
-        config.norm in ("layernorm", "rmsnorm")
-        and config.mlp in ("gelu", "swiglu", "moe")
-        and config.pos in ("learned", "rope", "sinusoidal", "alibi")
-        and config.attention in ("standard", "online")
-    )
-
-
-def window_start(length, start, block_size):
-    """The context window rule: where the window of a sequence of `length` tokens starts, given that
-    it started at `start` so far. It stays while the window holds at most block_size tokens; past
-    that it jumps forward so that the last max(1, block_size // 2) tokens remain (at least one: with
-    block_size 1 the window is the last token alone). Jumping by half a block, not by one token,
-    lets the cache serve block_size // 2 tokens before the next rebuild."""
-    if length - start <= block_size:
-        return start
-    return length - max(1, block_size // 2)
-
-
-def sample(logits, temperature, top_k, top_p, rng):
-    """Next token ids (B,) from last-position logits (B, V): the argmax when temperature is 0, else a
-    draw from softmax(logits / temperature), restricted by `keep_top_k` and then `keep_top_p`."""
-    if not np.isfinite(logits).all():
-        raise InputError("generate: the model's logits hold an inf or a nan (are its weights finite?)")
-    if temperature == 0:
-        return logits.argmax(axis=-1)
-    _check_generation_options("generate", 0, temperature, top_k, top_p, True, None)
-    logits = logits.astype(np.float64) / temperature
-    if top_k is not None:
-        logits = keep_top_k(logits, top_k)
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if top_p is not None:
-        probs = np.where(keep_top_p(probs, top_p), probs, 0)
-        probs /= probs.sum(axis=-1, keepdims=True)
-    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs], dtype=np.int64)
-
-
-def keep_top_k(logits, top_k):
-    """logits (B, V) with every token below the top_k-th largest set to -inf. Tokens tied with the
-    top_k-th are all kept (as in nanoGPT), so more than top_k may remain; top_k >= V keeps all."""
-    kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]  # (B, 1)
-    return np.where(logits < kth, -np.inf, logits)
-
-
-def keep_top_p(probs, top_p):
-    """Which tokens top-p ("nucleus") sampling keeps, (B, V) bool: the smallest set of the most
-    probable tokens whose probabilities add up to at least top_p. A token is kept when the tokens
-    ranked above it add up to less than top_p, so the most probable token is always kept.
-    (Tokens of equal probability are ranked by id, lower first.)"""
-    order = np.argsort(-probs, axis=-1, kind="stable")  # (B, V): ids from the most probable down
-    sorted_probs = np.take_along_axis(probs, order, axis=-1)
-    above = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # the probability ranked above each token
-    keep_sorted = above < top_p
-    keep = np.zeros_like(keep_sorted)
-    np.put_along_axis(keep, order, keep_sorted, axis=-1)
-    return keep
-
-
-# ================================================================================= checks
-
-
-def _check_ids(where, ids, vocab_size):
-    """Every id in [0, vocab_size): the embedding kernels index the table without bounds checks."""
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        bad = ids[(ids < 0) | (ids >= vocab_size)].flat[0]
-        raise InputError(f"{where}: token id {bad} is outside the vocabulary; ids must be in [0, {vocab_size})")
-
-
-def _check_prompt(where, idx, vocab_size):
-    """A prompt (B, T) of integer ids in [0, vocab_size), B >= 1 and T >= 1, as a new int64 array."""
-    array = idx.data if isinstance(idx, mt.Tensor) else idx
-    try:
-        array = np.asarray(array)
-    except ValueError:  # ragged nested lists
-        raise InputError(f"{where}: idx must be (B, T) integer token ids, got a ragged {type(idx).__name__}") from None
-    if array.dtype.kind not in "iu":
-        raise InputTypeError(f"{where}: idx must hold integer token ids, got {array.dtype}")
-    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
-        raise InputError(f"{where}: idx must be (B, T) with B >= 1 and T >= 1, got shape {array.shape}")
-    _check_ids(where, array, vocab_size)
-    return np.array(array, dtype=np.int64)
-
-
-def _check_generation_options(where, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
-        raise InputError(f"{where}: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not _is_real(temperature) or not (math.isfinite(temperature) and temperature >= 0):
-        raise InputError(f"{where}: temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
-        raise InputError(f"{where}: top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):
-        raise InputError(f"{where}: top_p must be None or a number in (0, 1], got {top_p!r}")
-    if not isinstance(use_kv_cache, (bool, np.bool_)):
-        raise InputTypeError(f"{where}: use_kv_cache must be True or False, got {use_kv_cache!r}")
-    if seed is not None and (not _is_int(seed) or seed < 0):
-        raise InputError(f"{where}: seed must be None or an int >= 0, got {seed!r}")

@@ -46,6 +46,8 @@ class QuantizedLinear(nn.Module):
     """nn.Linear's call, y = x @ Ŵ + b, with Ŵ (in_features, out_features) held as a QuantizedMatrix
     (`weight`: codes and scales, not a Parameter) and the bias kept as the float Parameter it was."""
 
+    fits_decode_kernel = False  # the one-token kernel (models/decode_kernel.py) reads float weights, not codes
+
     def __init__(self, linear, bits=8, group_size=None):
         super().__init__()
         if not isinstance(linear, nn.Linear):
@@ -70,6 +72,8 @@ class QuantizedEmbedding(nn.Module):
     "out_in" that stores the table's rows, one scale per row (int8) or per group of a row (int4).
     It stands for W = tableᵀ (C, V), so the same codes serve the lookup (rows of the table) and the
     tied head (`tied_head`: x @ tableᵀ)."""
+
+    fits_decode_kernel = False  # the one-token kernel (models/decode_kernel.py) reads float weights, not codes
 
     def __init__(self, embedding, bits=8, group_size=None):
         super().__init__()

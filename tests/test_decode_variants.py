@@ -1,4 +1,4 @@
-"""The fast set's one-token decode kernel (microtensor/fast/decode.py) on the transformer variants:
+"""The fast set's one-token decode kernel (models/decode_kernel.py) on the transformer variants:
 grouped-query attention, sinusoidal and ALiBi positions and the mixture-of-experts MLP, alone and
 combined with each other and with the older options (rope, learned positions, SwiGLU, RMSNorm,
 untied weights, biases, online attention).
@@ -14,8 +14,9 @@ import pytest
 
 import microtensor as mt
 from microtensor.ops.moe import top_k_experts_reference
-from models import gpt as gpt_module
-from models.gpt import GPT, GPTConfig, decode_kernel_fits
+from models import decode_kernel as kernel_module
+from models.decode_kernel import decode_kernel_fits
+from models.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the decode kernel is the fast set's: it needs Numba's compiler")
 
@@ -64,7 +65,7 @@ def generation(model, monkeypatch, use_decode_kernel, new_tokens=NEW_TOKENS):
     """A greedy KV-cache generation under the fast set, from a batch of two 3-token prompts: at
     each step the token ids (B,), the logits (B, V) and a copy of the cache arrays (keys, values),
     and how many steps the decode kernel took."""
-    from microtensor.fast import decode as fast_decode
+    from models import decode_kernel as fast_decode
 
     calls, arrays = [], []
     original_decode, original_arrays = fast_decode.decode, model.new_cache_arrays
@@ -81,7 +82,7 @@ def generation(model, monkeypatch, use_decode_kernel, new_tokens=NEW_TOKENS):
         patch.setattr(fast_decode, "decode", counted_decode)
         patch.setattr(model, "new_cache_arrays", recorded_arrays)
         if not use_decode_kernel:
-            patch.setattr(gpt_module, "decode_kernel_fits", lambda config: False)
+            patch.setattr(kernel_module, "decode_kernel_fits", lambda config: False)
         steps = []
         with mt.using_kernels("fast"):
             for token, logits in model.generate_tokens(np.array([[1, 2, 3], [4, 5, 6]]), new_tokens, temperature=0):
@@ -142,7 +143,7 @@ def test_route_against_a_sort_in_python(dtype):
     experts (equal probabilities: the lower number first; columns repeated in the router give
     exact ties) and the gates (renormalized over the chosen experts; with top_k = 1 the
     probability itself, as models/moe.py does)."""
-    from microtensor.fast.decode import route
+    from models.decode_kernel import route
 
     rng = np.random.default_rng(5)
     C, E = 16, 6
@@ -180,7 +181,7 @@ def test_every_option_takes_the_decode_kernel():
 def test_alibi_positions_are_limited_by_the_cache_only():
     """ALiBi has no position table: the kernel accepts every position of the cache, and no more."""
     from microtensor.errors import InputError
-    from microtensor.fast.decode import decode, decode_weights
+    from models.decode_kernel import decode, decode_weights
 
     model = perturbed(mt.float64, pos="alibi")
     weights = decode_weights(model)

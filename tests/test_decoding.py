@@ -1,4 +1,4 @@
-"""Beam search and speculative decoding (models/decoding.py) and their flags in generate.py.
+"""Beam search and speculative decoding (models/beam.py, models/speculative.py) and their flags in generate.py.
 
 Every expected value comes from outside the code under test: greedy decoding from GPT.generate,
 log-probabilities from one forward without a cache and a log-softmax written here, the exhaustive
@@ -18,13 +18,15 @@ import generate
 import microtensor as mt
 from helpers import needs_jit
 from microtensor.errors import InputError
-from models import checkpoint, decoding
+from models import checkpoint, speculative
+from models.beam import beam_search
 from models.bpe import BytePairTokenizer
 from models.data import CharTokenizer
-from models.decoding import SpeculativeDecoder, WindowedCache, accept_or_resample, beam_search, speculative_generate
+from models.decoder import Decoder
 from models.gpt import GPT, GPTConfig
 from models.lora import add_lora, merge_lora
 from models.quantize import quantize_model
+from models.speculative import SpeculativeDecoder, accept_or_resample, speculative_generate
 
 
 def tiny_gpt(seed, scale=3.0, dtype=mt.float64, **options):
@@ -138,7 +140,7 @@ def test_reordered_cache_rows_give_the_logits_of_a_recomputation(kernel_set):
     those of a forward over the reordered sequences without any cache."""
     model = tiny_gpt(4, vocab_size=7)
     sequences = np.random.default_rng(0).integers(0, 7, (3, 5))
-    cache = WindowedCache(model, 3, 5)
+    cache = Decoder(model, 3, 5)
     with mt.no_grad():
         cache.feed(sequences)
         rows = np.array([2, 0, 0])
@@ -328,21 +330,21 @@ def test_speculative_sampling_draws_the_first_two_tokens_from_the_targets_distri
 
 def always_accept(p, q, proposed, rng):
     """Wrong: every proposal kept, so the tokens are the draft's."""
-    return len(proposed), decoding.draw(p[len(proposed)], rng)
+    return len(proposed), speculative.draw(p[len(proposed)], rng)
 
 
 def resample_from_the_target(p, q, proposed, rng):
     """Wrong: on a rejection, a token drawn from p instead of from the residual max(0, p - q)."""
     for i, d in enumerate(proposed):
         if rng.random() >= p[i, d] / q[i, d]:
-            return i, decoding.draw(p[i], rng)
-    return len(proposed), decoding.draw(p[len(proposed)], rng)
+            return i, speculative.draw(p[i], rng)
+    return len(proposed), speculative.draw(p[len(proposed)], rng)
 
 
 # resampling from p is also caught without models, faster, by the test of the rule alone below
 @pytest.mark.parametrize("wrong_rule", [always_accept, pytest.param(resample_from_the_target, marks=pytest.mark.slow)])
 def test_a_wrong_acceptance_rule_fails_the_same_test(monkeypatch, wrong_rule):
-    monkeypatch.setattr(decoding, "accept_or_resample", wrong_rule)
+    monkeypatch.setattr(speculative, "accept_or_resample", wrong_rule)
     assert first_two_tokens_p_value(1.0, None) < SIGNIFICANCE
 
 

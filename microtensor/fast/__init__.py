@@ -8,7 +8,6 @@ same result, registered with `kernels.fast_twin`); importing this package regist
     vector_math.py   e^x, tanh, erf, the sigmoid and a row's max, written so that loops vectorize
     memory.py        the copy of a leaf's first gradient into `.grad`
     process.py       process-wide settings for training speed, applied only when asked for
-    decode.py        generation's one-token step through the whole GPT in one kernel
 
 Why a fast form exists is said in one sentence beside it; what it gains is measured by the
 scripts in bench/ and reported in bench/README.md.

@@ -1,6 +1,11 @@
-"""Generation's one-token step: every layer of the GPT for one new token, in one kernel.
+"""Generation's one-token step: every layer of the GPT of models/gpt.py for one new token, in one kernel.
 
-This is the fast set's replacement for one generation step through the modules. With a KV cache,
+This is the fast set's replacement for one generation step through the modules. It encodes that
+GPT, so it lives beside it: `decode_weights` reads the model by its attribute names
+(transformer.wte, transformer.h[i].attn.c_attn, ...), and `can_run` asks the model whether it is
+one the kernel computes (its options, and every layer: a layer that computes more than
+x @ weight + bias, such as a LoRA adapter or a quantized layer, says no with
+`fits_decode_kernel = False`, and the model then takes the modules' path). With a KV cache,
 one new token is little arithmetic (about 12 C² multiply-adds per layer plus the attention over the
 cache), while going through the modules is ~60 Function calls, each with its Python around the
 kernel: for a single token the calls, not the arithmetic, would set the pace. Here the weights are
@@ -8,8 +13,8 @@ gathered once per generation into a `DecodeWeights`, and each token is a single 
 `decode_step`, whose loops run on plain arrays. It computes what `GPT.forward` computes for the
 last position (the same logits to float rounding: the sums run in another order) and writes the
 same keys and values into the same cache arrays, so a cache filled by the modules (a prompt, many
-tokens at once) can be continued here and the other way round. `GPT.generate_tokens` calls it
-only under the fast kernel set; under the readable set every token goes through the modules.
+tokens at once) can be continued here and the other way round. The `Decoder` (models/decoder.py)
+calls it only under the fast kernel set; under the readable set every token goes through the modules.
 
 For one sequence b with its new token at window position t, x the residual stream (C,), H query
 heads and Hk key/value heads of size D = C / H (G = H / Hk query heads share one key/value head),
@@ -62,12 +67,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InputError, InputTypeError
-from ..kernels import kernel
-from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
-from ..ops.positions import sinusoidal_embedding
-from ..ops.rope import rope_angles
-from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
+# ---- what the kernel takes from microtensor: the kernel decorator, errors and the vector math
+from microtensor.errors import InputError, InputTypeError
+from microtensor.fast.vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
+from microtensor.kernels import kernel
+from microtensor.ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
+from microtensor.ops.positions import sinusoidal_embedding
+from microtensor.ops.rope import rope_angles
+
+# ---- end of the imports from microtensor
+
+# The kernels below are the fast set's (they call its vector math): tagged "fast", their compiled
+# cache is keyed on every file of microtensor, microtensor/fast/ included, and on this file.
+FAST = "fast"
 
 
 class DecodeWeights(NamedTuple):
@@ -110,6 +122,28 @@ class DecodeWeights(NamedTuple):
     rope: bool  # rotary positions: rotate q and k
     position_table: bool  # learned or sinusoidal positions: add wpe[t] to the token's embedding
     moe: bool  # a mixture of experts; else one dense MLP
+
+
+def decode_kernel_fits(config):
+    """Whether the kernel covers a model of these options; the others take each token through the
+    modules, with the same results. It covers every option of GPTConfig today: any n_kv_head,
+    every position scheme, both norms, every MLP (the mixture of experts routes the one token as
+    the module does), and both attention kernels (the same math). The options are listed, not
+    assumed, so that an option added later takes the module path until the kernel learns it."""
+    return (
+        config.norm in ("layernorm", "rmsnorm")
+        and config.mlp in ("gelu", "swiglu", "moe")
+        and config.pos in ("learned", "rope", "sinusoidal", "alibi")
+        and config.attention in ("standard", "online")
+    )
+
+
+def can_run(model):
+    """Whether the kernel computes this model as it is now: its options (`decode_kernel_fits`), and
+    every layer's answer. The kernel reads each layer's weight and bias only, so a layer that
+    computes something else from them (models/lora.py's adapter adds a low-rank product,
+    models/quantize.py's layers keep integer codes) answers no with `fits_decode_kernel = False`."""
+    return decode_kernel_fits(model.config) and all(getattr(layer, "fits_decode_kernel", True) for layer in model.modules())
 
 
 def decode_weights(model):
@@ -248,7 +282,7 @@ def decode(weights, tokens, position, keys, values):
 # ------------------------------------------------------------------------------ the kernel
 
 
-@kernel
+@kernel(tag=FAST)
 def decode_step(tokens, position, w, keys, values, logits):
     """One new token per sequence through the whole GPT (the module docstring's math).
 
@@ -328,7 +362,7 @@ def decode_step(tokens, position, w, keys, values, logits):
         matvec_accumulate(normed, w.lm_head, logits_row)
 
 
-@kernel
+@kernel(tag=FAST)
 def linear(x, weight, bias, out):
     """out (N,) = x (K,) @ weight (K, N) + bias (N,)."""
     out[:] = 0
@@ -337,7 +371,7 @@ def linear(x, weight, bias, out):
         out[j] += bias[j]
 
 
-@kernel
+@kernel(tag=FAST)
 def matvec_accumulate(x, weight, out):
     """out (N,) += x (K,) @ weight (K, N), four rows of weight at a time.
 
@@ -358,7 +392,7 @@ def matvec_accumulate(x, weight, out):
             out[j] += xi * weight[i, j]
 
 
-@kernel(fastmath=REDUCE_FASTMATH)
+@kernel(fastmath=REDUCE_FASTMATH, tag=FAST)
 def norm_row(x, weight, bias, eps, rmsnorm, out):
     """out (C,) = LayerNorm(x) w + b, or RMSNorm(x) w, of one row x (C,)."""
     C = x.shape[0]
@@ -383,7 +417,7 @@ def norm_row(x, weight, bias, eps, rmsnorm, out):
         out[c] = (x[c] - mean) * rstd * weight[c] + bias[c]
 
 
-@kernel
+@kernel(tag=FAST)
 def rotate_heads(qkv, start, H, D, cos, sin):
     """Rotary positions: rotate each pair (2i, 2i+1) of every head of qkv[start : start + H D] by
     the angle whose cos and sin are cos[i], sin[i] (D/2,), in place."""
@@ -395,7 +429,7 @@ def rotate_heads(qkv, start, H, D, cos, sin):
             qkv[base + 2 * i + 1] = even * sin[i] + odd * cos[i]
 
 
-@kernel(fastmath=REDUCE_FASTMATH)
+@kernel(fastmath=REDUCE_FASTMATH, tag=FAST)
 def attend(qkv, h, keys, values, position, scale, slope, probs, out):
     """Query head h's q = qkv[hD : hD + D] against the keys and values (T, D) of its key/value head
     at positions 0 .. position: out[hD : hD + D] = softmax(q kᵀ scale - slope (position - j)) v.
@@ -424,7 +458,7 @@ def attend(qkv, h, keys, values, position, scale, slope, probs, out):
     matvec_accumulate(probs, values[:n], y)  # y (D,) = p (n,) @ v (n, D)
 
 
-@kernel
+@kernel(tag=FAST)
 def route(a, router_weight, top_k, probs, chosen, gates):
     """A mixture of experts' choice for one token a (C,): probs (E,) = softmax(a @ router_weight
     (C, E)); chosen (E,) marks the top_k most probable experts; gates (E,) = each chosen expert's
@@ -466,7 +500,7 @@ def route(a, router_weight, top_k, probs, chosen, gates):
             gates[e] = probs[e] / picked
 
 
-@kernel
+@kernel(tag=FAST)
 def gelu_in_place(h):
     """h = h/2 (1 + tanh(k (h + 0.044715 h³))), k = √(2/π): GELU's tanh form, as the module's MLP."""
     real = h.dtype.type
@@ -476,7 +510,7 @@ def gelu_in_place(h):
         h[i] = half * x * (one + tanh(k * (x + cubic * x * x * x)))
 
 
-@kernel
+@kernel(tag=FAST)
 def swiglu_in_place(gate, up):
     """gate = silu(gate) * up = gate σ(gate) up."""
     for i in range(gate.shape[0]):

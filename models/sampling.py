@@ -1,0 +1,89 @@
+"""Sampling: the next token from the logits, greedy or drawn, over a Decoder (models/decoder.py).
+
+    logits (B, V) of the last position -> greedy: argmax
+                                       -> else: softmax(logits / temperature), keeping only the
+                                          top_k largest logits and then the smallest set of tokens
+                                          whose probability reaches top_p, and one draw from it
+
+`sampled_tokens` is the loop behind `GPT.generate` and `GPT.generate_tokens`: feed the sequences to
+the Decoder, sample a token per sequence from the last position's logits, append, repeat.
+"""
+import numpy as np
+
+from microtensor.errors import InputError
+
+from .decoder import Decoder, check_generation_options
+
+
+def sampled_tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
+    """Yield (next token ids (B,), their logits (B, V)) one step at a time, from prompt (B, T) int64
+    (checked by the caller); see models/decoder.py for the window rule past block_size."""
+    rng = np.random.default_rng(seed)
+    with Decoder(model, prompt.shape[0], prompt.shape[1], use_kv_cache) as decoder:
+        sequences = prompt
+        for _ in range(max_new_tokens):
+            logits = decoder.feed(sequences)[:, -1]  # (B, V): the last position predicts the next token
+            token = sample(logits, temperature, top_k, top_p, rng)
+            sequences = np.concatenate([sequences, token[:, None]], axis=1)
+            yield token, logits
+
+
+def sample(logits, temperature, top_k, top_p, rng):
+    """Next token ids (B,) from last-position logits (B, V): the argmax when temperature is 0, else a
+    draw from `token_distribution`: softmax(logits / temperature), restricted by `keep_top_k` and
+    then `keep_top_p`."""
+    if not np.isfinite(logits).all():
+        raise InputError("generate: the model's logits hold an inf or a nan (are its weights finite?)")
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    check_generation_options("generate", 0, temperature, top_k, top_p, True, None)
+    probs = token_distribution(logits, temperature, top_k, top_p)  # (B, V)
+    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs], dtype=np.int64)
+
+
+def token_distribution(logits, temperature, top_k=None, top_p=None):
+    """The distributions `sample` draws from, (m, V) float64 rows that sum to 1: one-hot at the
+    argmax when temperature is 0, else softmax(logits / temperature) restricted by top_k and then
+    top_p (renormalized)."""
+    logits = np.asarray(logits, dtype=np.float64)  # (m, V)
+    if temperature == 0:
+        probs = np.zeros_like(logits)
+        probs[np.arange(logits.shape[0]), logits.argmax(axis=-1)] = 1  # argmax: ties to the lower id, as sample
+        return probs
+    logits = logits / temperature
+    if top_k is not None:
+        logits = keep_top_k(logits, top_k)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None:
+        probs = np.where(keep_top_p(probs, top_p), probs, 0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def keep_top_k(logits, top_k):
+    """logits (B, V) with every token below the top_k-th largest set to -inf. Tokens tied with the
+    top_k-th are all kept (as in nanoGPT), so more than top_k may remain; top_k >= V keeps all."""
+    kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]  # (B, 1)
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def keep_top_p(probs, top_p):
+    """Which tokens top-p ("nucleus") sampling keeps, (B, V) bool: the smallest set of the most
+    probable tokens whose probabilities add up to at least top_p. A token is kept when the tokens
+    ranked above it add up to less than top_p, so the most probable token is always kept.
+    (Tokens of equal probability are ranked by id, lower first.)"""
+    order = np.argsort(-probs, axis=-1, kind="stable")  # (B, V): ids from the most probable down
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    above = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # the probability ranked above each token
+    keep_sorted = above < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    return keep
+
+
+def log_softmax(logits):
+    """log p = logits - log(sum(exp(logits))), over the last axis, float64 (shifted by the max)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
