@@ -2,13 +2,10 @@
 same GPT in PyTorch; the model FLOP utilization (MFU) of the step; and the readable kernel set's
 step against the fast set's.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_train.py [--json FILE]
-
-Both models start from the same weights and see the same batches; the script checks that their
-first losses agree before it times anything. PyTorch runs in a process of its own with its own
-thread settings (bench/torch_side.py); blocks of 5 steps alternate between the two, so a noisy
-neighbour slows both alike; each phase's figure is its median over the timed steps, and the
-spread of the step's ratio over the blocks shows how much the machine moved during the run.
+Both models start from the same weights and see the same batches; the case checks that their
+first losses agree before it times anything. Blocks of 5 steps alternate between the two; each
+phase's figure is its median over the timed steps, and the spread of the step's ratio over the
+blocks shows how much the machine moved during the run.
 
 MFU is the step's matmul FLOPs per second (forward, plus twice that for backward) divided by the
 GEMM peak measured here: microtensor's float32 matmul on large square matrices with the fast
@@ -23,10 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import alternate, block_ratios, console, fmt_ratio, fmt_time, machine_info, parser, print_machine, ratio, spread, start_torch, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import numpy as np
-import torch_gpt
-from rich.table import Table
+from harness import alternate, block_ratios, float_inputs, number, over_blocks, random_batch, spread, start_torch, x
 
 import microtensor as mt
 from microtensor import optim
@@ -36,10 +31,17 @@ RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 12
 LR, WEIGHT_DECAY, BETAS, CLIP = 1e-3, 0.1, (0.9, 0.99), 1.0
 PHASES = ("forward", "backward", "optimizer")
-
-
 BLOCK = 5  # steps per alternating block against PyTorch
 READABLE_BLOCK = 2  # steps per alternating block, readable set against fast set
+
+
+def options(p):
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before timing")
+    p.add_argument("--readable-steps", type=int, default=6, help="timed steps of the readable kernel set (and as many of the fast set)")
+
+
+def measure(args, machine):
+    return {"machine": machine, "train": measure_against_pytorch(args, args.repeat or 60, args.warmup), "kernel_sets": measure_readable(args.readable_steps, warmup=1)}
 
 
 class OursStep:
@@ -56,7 +58,7 @@ class OursStep:
 
     def _step(self):
         config = self.model.config
-        x, y = torch_gpt.random_batch(self.rng, BATCH, config.block_size, config.vocab_size)
+        x, y = random_batch(self.rng, BATCH, config.block_size, config.vocab_size)
         t0 = time.perf_counter()
         _, loss = self.model(mt.tensor(x), mt.tensor(y))
         self.losses.append(loss.item())
@@ -70,9 +72,18 @@ class OursStep:
         return (t1 - t0, t2 - t1, t3 - t2)
 
 
+def matmul_flops_per_token(config):
+    """Multiply-adds ×2 of one token's forward pass through every matmul (Linear layers, QKᵀ and PV
+    over the whole causal block as computed, and the output layer)."""
+    C, L, T, V = config.n_embd, config.n_layer, config.block_size, config.vocab_size
+    linear = 2 * (C * 3 * C + C * C + C * 4 * C + 4 * C * C)  # c_attn, attn c_proj, c_fc, mlp c_proj
+    attention = 2 * 2 * T * C  # QKᵀ and PV: T keys × C (= H × D) per query
+    return L * (linear + attention) + 2 * C * V
+
+
 def gemm_peak(n=1024, repeat=20):
     """The machine's float32 GEMM rate in FLOP/s: microtensor's n×n×n matmul."""
-    a, b = (mt.tensor(x) for x in torch_gpt.float_inputs(0, [(n, n), (n, n)]))
+    a, b = (mt.tensor(x) for x in float_inputs(0, [(n, n), (n, n)]))
     with mt.no_grad(), mt.using_kernels("fast"):
         for _ in range(3):
             a @ b
@@ -84,7 +95,7 @@ def gemm_peak(n=1024, repeat=20):
     return 2 * n**3 / statistics.median(times)
 
 
-def measure(args, steps, warmup):
+def measure_against_pytorch(args, steps, warmup):
     mt.manual_seed(0)
     config = GPTConfig(**RECIPE)
     model = GPT(config)
@@ -106,17 +117,15 @@ def measure(args, steps, warmup):
             remote["pytorch"] = "train_step"
     # the first step from identical weights on the same batch must give the same loss
     if "pytorch" in first and abs(first["microtensor"] - first["pytorch"]) > 1e-4 * abs(first["pytorch"]):
-        raise SystemExit(f"bench_train: the two models disagree on the first loss: {first}")
+        raise SystemExit(f"bench train: the two models disagree on the first loss: {first}")
     # Blocks of BLOCK steps alternate between the libraries; the median is over every step.
     timings = alternate({"microtensor": ours}, remote, torch_process, steps, block=BLOCK, warmup=warmup)
     if torch_process is not None:
         torch_process.close()
-    results = {}
     tokens = BATCH * config.block_size
-    for name, rows in timings.items():
-        results[name] = phase_medians(rows, tokens)
+    results = {name: phase_medians(rows, tokens) for name, rows in timings.items()}
     peak = gemm_peak()
-    step_flops = 3 * torch_gpt.matmul_flops_per_token(config) * tokens
+    step_flops = 3 * matmul_flops_per_token(config) * tokens
     for name in results:
         results[name]["mfu"] = step_flops / results[name]["step"] / peak
     step_seconds = {name: [sum(r) for r in rows] for name, rows in timings.items()}
@@ -147,60 +156,80 @@ def measure_readable(steps, warmup):
     timings = alternate(steppers, {}, None, steps, block=READABLE_BLOCK, warmup=warmup)
     first = {kernels: stepper.losses[0] for kernels, stepper in steppers.items()}
     if abs(first["readable"] - first["fast"]) > 1e-4 * abs(first["fast"]):  # the same step, or nothing to compare
-        raise SystemExit(f"bench_train: the two kernel sets disagree on the first loss: {first}")
+        raise SystemExit(f"bench train: the two kernel sets disagree on the first loss: {first}")
     tokens = BATCH * RECIPE["block_size"]
     results = {kernels: phase_medians(rows, tokens) for kernels, rows in timings.items()}
     results["readable_over_fast"] = results["readable"]["step"] / results["fast"]["step"]
     return results
 
 
-def show(results, readable):
-    libs = results["libraries"]
-    ours, theirs = libs["microtensor"], libs.get("pytorch")
-    table = Table(title=f"training step, default recipe (batch {BATCH} × block {RECIPE['block_size']}), medians")
-    table.add_column("measure")
-    table.add_column("microtensor", justify="right")
-    table.add_column("PyTorch", justify="right")
-    table.add_column("PyTorch time / ours", justify="right")
-    for key in PHASES + ("step",):
-        t = theirs[key] if theirs else None
-        table.add_row(key, fmt_time(ours[key]), fmt_time(t), fmt_ratio(ratio(t, ours[key])))
+def tokens_row(label, libraries):
+    ours, theirs = libraries["microtensor"], libraries.get("pytorch")
     t = theirs["tokens_per_s"] if theirs else None
-    table.add_row("tokens/s", f"{ours['tokens_per_s']:,.0f}", "-" if t is None else f"{t:,.0f}", fmt_ratio(None if t is None else ours["tokens_per_s"] / t))
-    table.add_row("MFU", f"{ours['mfu']:.0%}", "-" if theirs is None else f"{theirs['mfu']:.0%}", "")
-    console.print(table)
-    console.print(
-        f"step matmul work {results['step_matmul_flops'] / 1e9:.2f} GFLOP; "
-        f"GEMM peak {results['gemm_peak_flops'] / 1e9:.0f} GFLOP/s (microtensor matmul, 1024³ float32)"
+    return f"| {label} | {ours['tokens_per_s']:,.0f} | {number(t, ',.0f')} | {x(ours['tokens_per_s'] / t if t else None)} | |"
+
+
+def result_rows(data):
+    train = data["train"]
+    ours, theirs = train["libraries"]["microtensor"], train["libraries"].get("pytorch")
+    step_spread = train.get("spread", {}).get("step_ratio_by_block")
+    lines = []
+    for phase in ("forward", "backward", "optimizer", "step"):
+        t = theirs[phase] * 1e3 if theirs else None
+        ratio = theirs[phase] / ours[phase] if theirs else None
+        target = "≥ 1.5×" if phase == "step" else ""
+        spread = over_blocks(step_spread) if phase == "step" else ""
+        lines.append(f"| training {phase} (ms) | {ours[phase] * 1e3:.1f} | {number(t, '.1f')} | {x(ratio)} | {spread} | {target} |")
+    lines.append(tokens_row("training tokens/s", train["libraries"]) + " ≥ 1.5× |")
+    peak = train["gemm_peak_flops"] / 1e9
+    lines.append(
+        f"| model FLOP utilization (GEMM peak {peak:.0f} GFLOP/s) | {ours['mfu']:.0%} | "
+        f"{'-' if theirs is None else format(theirs['mfu'], '.0%')} | | | ≥ 50% |"
     )
-    by_block = results["spread"].get("step_ratio_by_block")
+    return lines
+
+
+def default_environment_rows(data):
+    """The row of the run that kept the OpenBLAS variables (bench/run.py starts it where they are set)."""
+    return [tokens_row("training tokens/s, OPENBLAS variables kept", data["train"]["libraries"]) + " |"]
+
+
+def noise_lines(data):
+    """What the training step measured about its own noise."""
+    train = data["train"]
+    spread = train.get("spread") or {}
+    lines = []
+    for name, label in (("microtensor", "microtensor"), ("pytorch", "PyTorch")):
+        s = spread.get(f"{name}_step_s")
+        if s:
+            lines.append(
+                f"- {label}'s training step over the run's {train['libraries'][name].get('steps', '')} timed steps: "
+                f"{s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f} ms (median {s['median'] * 1e3:.1f})."
+            )
+    by_block = spread.get("step_ratio_by_block")
     if by_block:
-        console.print(
-            f"step ratio over the blocks of {results['block']} steps: {by_block['min']:.2f}-{by_block['max']:.2f}× "
-            f"(median {by_block['median']:.2f}×)"
+        lines.append(
+            f"- the step's ratio over the blocks of {train.get('block', 5)} steps: "
+            f"{by_block['min']:.2f}-{by_block['max']:.2f}× (median {by_block['median']:.2f}×)."
         )
-    table = Table(title=f"kernel sets: readable against fast, {readable['readable']['steps']} steps each, medians")
-    table.add_column("measure")
-    table.add_column("readable", justify="right")
-    table.add_column("fast", justify="right")
-    table.add_column("readable time / fast", justify="right")
-    for key in PHASES + ("step",):
-        table.add_row(key, fmt_time(readable["readable"][key]), fmt_time(readable["fast"][key]), fmt_ratio(readable["readable"][key] / readable["fast"][key]))
-    console.print(table)
+    return lines
 
 
-def main():
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps before timing")
-    p.add_argument("--readable-steps", type=int, default=6, help="timed steps of the readable kernel set (and as many of the fast set)")
-    args = p.parse_args()
-    info = machine_info()
-    print_machine(info)
-    results = measure(args, args.repeat or 60, args.warmup)
-    readable = measure_readable(args.readable_steps, warmup=1)
-    show(results, readable)
-    write_json(args.json, {"machine": info, "train": results, "kernel_sets": readable})
-
-
-if __name__ == "__main__":
-    main()
+def sections(data):
+    """The readable kernel set's training step against the fast set's."""
+    sets = data.get("kernel_sets")
+    if not sets:
+        return []
+    readable, fast = sets["readable"], sets["fast"]
+    lines = [
+        f"`mt.set_kernels(\"readable\")` runs the plain-loop kernels of `microtensor/ops/` (what a student reads "
+        f"and steps through), the default \"fast\" their twins in `microtensor/fast/`; the same recipe, "
+        f"{readable['steps']} timed steps of each, in alternating blocks:",
+        "",
+        "| training step phase | readable (ms) | fast (ms) | readable time / fast |",
+        "|---|---:|---:|---:|",
+    ]
+    for phase in ("forward", "backward", "optimizer", "step"):
+        lines.append(f"| {phase} | {readable[phase] * 1e3:.1f} | {fast[phase] * 1e3:.1f} | {readable[phase] / fast[phase]:.2f}× |")
+    lines.append(f"| tokens/s | {readable['tokens_per_s']:,.0f} | {fast['tokens_per_s']:,.0f} | |")
+    return [("The two kernel sets", lines)]
