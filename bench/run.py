@@ -6,6 +6,7 @@
     python bench/run.py train --help                 # a case's options
     python bench/run.py --report-only                # rebuild bench/README.md from the JSON files already written
     python bench/run.py --skip convergence startup   # leave some out
+    python bench/run.py --no-torch --repeat 10       # options every case has, for every case
 
 The cases are listed in bench/cases/__init__.py (CASES); bench/harness.py runs them. Each case runs
 in a process of its own with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment
@@ -109,10 +110,13 @@ def main(argv):
     p.add_argument("--out", default=str(harness.RESULTS), help="folder for the JSON files")
     p.add_argument("--readme", default=str(harness.HERE / "README.md"), help="where to write the report")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from existing JSON files")
-    p.add_argument("--skip", nargs="*", default=[], choices=list(BY_NAME), help="cases to leave out")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(BY_NAME), metavar="CASE", help="cases to leave out")
+    p.add_argument("--repeat", help="every case: timed repeats per measurement (default: per case)")
+    p.add_argument("--no-torch", action="store_true", help="every case: measure microtensor alone")
     args, options = p.parse_known_args(rest)
     if options and len(chosen) != 1:
         p.error(f"{' '.join(options)}: a case's own options need exactly one case named")
+    options += (["--repeat", args.repeat] if args.repeat else []) + (["--no-torch"] if args.no_torch else [])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
