@@ -1,4 +1,5 @@
 """Generation speed of the transformer variants, with the fast set's decode kernel and without it.
+
 The default recipe's shapes (4 layers, 4 heads, 128 wide, block 64, vocabulary 65) with random
 weights (the initialization), greedy generation of 200 tokens from a 1-token prompt, batch 1, with
 the KV cache, under the fast kernel set. Each variant changes one option of the baseline (learned

@@ -1,4 +1,5 @@
 """The byte-level BPE tokenizer (models/bpe.py) on tinyshakespeare: training time, encoding speed, characters per token.
+
 For each vocabulary size the tokenizer is trained on the whole of ../shared/data/tinyshakespeare.txt
 (beside the project's folder, as tests/test_programs.py finds it), then encodes the whole text. A
 time is the median of --repeat runs (default 3), each in this process, one after the other; encode
@@ -7,6 +8,8 @@ cache: its cache lives in one call). The case checks that every encoding decodes
 text before it reports anything. The character tokenizer (models/data.py) is measured alike, as
 the baseline: its "training" is collecting the set of characters.
 """
+from pathlib import Path
+
 from harness import TINYSHAKESPEARE, conditions_line, median_seconds
 
 from models.bpe import BytePairTokenizer
@@ -15,16 +18,21 @@ from models.data import CharTokenizer
 VOCAB_SIZES = (512, 1024, 2048)
 
 
+def options(p):
+    p.add_argument("--data", default=str(TINYSHAKESPEARE), help="the text to train on and encode")
+
+
 def measure(args, machine):
-    if not TINYSHAKESPEARE.is_file():
-        raise SystemExit(f"bench tokenizer: {TINYSHAKESPEARE} is missing; the case trains on it")
-    text = TINYSHAKESPEARE.read_bytes().decode("utf-8")
+    corpus = Path(args.data)
+    if not corpus.is_file():
+        raise SystemExit(f"bench tokenizer: {corpus} is missing; the case trains on it")
+    text = corpus.read_bytes().decode("utf-8")
     repeat = args.repeat or 3
     rows = [measure_one("char", lambda: CharTokenizer.from_text(text), text, repeat)]
     for vocab_size in VOCAB_SIZES:
         rows.append(measure_one(f"bpe {vocab_size}", lambda v=vocab_size: BytePairTokenizer.train(text, v), text, repeat))
         print(f"bpe {vocab_size}: trained in {rows[-1]['train_s']:.2f} s", flush=True)
-    return {"machine": machine, "tokenizer": {"corpus": TINYSHAKESPEARE.name, "characters": len(text), "repeat": repeat, "rows": rows}}
+    return {"machine": machine, "tokenizer": {"corpus": corpus.name, "characters": len(text), "repeat": repeat, "rows": rows}}
 
 
 def measure_one(name, train, text, repeat):
