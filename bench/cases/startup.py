@@ -51,7 +51,9 @@ def corpus_path(folder):
 def run(command, env=None):
     """Wall seconds of one child process."""
     start = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench startup: {' '.join(command)} failed:\n{done.stdout}")
     return time.perf_counter() - start
 
 
@@ -65,9 +67,10 @@ def import_time(repeat):
 
 
 def train_command(out_dir, data, iters):
+    """train.py's command; --force, since the warm run trains again in the cold run's folder."""
     return [
         sys.executable, "train.py", "--max-iters", str(iters), "--eval-interval", "1000000",
-        "--eval-iters", "1", "--out-dir", out_dir, "--data", data,
+        "--eval-iters", "1", "--out-dir", out_dir, "--data", data, "--force",
     ]  # fmt: skip
 
 
