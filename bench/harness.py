@@ -360,11 +360,15 @@ def run_case(case, argv):
     print(f"wrote {args.json}")
 
 
+def part(module, name, data):
+    """A case's rendering `name` (result_rows, noise_lines, sections) of data; [] where it has none."""
+    return list(getattr(module, name, lambda data: [])(data))
+
+
 def case_lines(case, module, data):
     """Everything a case renders of its data: its Results rows, its sections, its markdown."""
-    lines = list(getattr(module, "result_rows", lambda data: [])(data))
-    lines += getattr(module, "noise_lines", lambda data: [])(data)
-    for title, section in getattr(module, "sections", lambda data: [])(data):
+    lines = part(module, "result_rows", data) + part(module, "noise_lines", data)
+    for title, section in part(module, "sections", data):
         lines += ["", f"## {title}", "", *section]
     if hasattr(module, "markdown"):
         lines.append(module.markdown(data))
@@ -382,30 +386,27 @@ def load(out, name):
 def report(out, cases, header, notes):
     """bench/README.md's text (markdown) from the JSON files in `out`: the header, the Results table
     (the core cases' rows), the core cases' sections, then each elective case's section."""
-    core = [(case, case.module(), load(out, case.name)) for case in cases if not case.elective]
-    rows, machine = [], None
-    for case, module, data in core:
-        if data:
-            rows += getattr(module, "result_rows", lambda data: [])(data)
-            machine = machine or data.get("machine")
-        rerun = load(out, f"{case.name}_default_env")
-        if rerun and hasattr(module, "default_environment_rows"):
-            rows += module.default_environment_rows(rerun)
+    core = [(case.module(), load(out, case.name), load(out, f"{case.name}_default_env")) for case in cases if not case.elective]
+    measured = [(module, data) for module, data, _ in core if data]
+    rows = []
+    for module, data, rerun in core:
+        rows += part(module, "result_rows", data) if data else []
+        rows += module.default_environment_rows(rerun) if rerun else []
     sections = [header, "## Results\n"]
     if rows:
         table = ["| measure | microtensor | PyTorch | ratio | over blocks | target |", "|---|---:|---:|---:|---:|---|", *rows]
         sections.append("\n".join(table) + "\n")
+        machine = next((data["machine"] for _, data in measured if "machine" in data), None)
         if machine:
             sections.append(machine_line(machine) + "\n")
-        noise = [line for case, module, data in core if data for line in getattr(module, "noise_lines", lambda data: [])(data)]
+        noise = [line for module, data in measured for line in part(module, "noise_lines", data)]
         sections.append("## How much a run moves\n")
         sections.append(notes + ("\n" + "\n".join(noise) + "\n" if noise else ""))
     else:
         sections.append(f"No results yet in {out}: run `python bench/run.py`.\n")
-    for case, module, data in core:
-        for title, lines in getattr(module, "sections", lambda data: [])(data) if data else []:
-            sections.append(f"## {title}\n")
-            sections.append("\n".join(lines) + "\n")
+    for module, data in measured:
+        for title, lines in part(module, "sections", data):
+            sections += [f"## {title}\n", "\n".join(lines) + "\n"]
     for case in cases:
         data = load(out, case.name) if case.elective else None
         if data:
