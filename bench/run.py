@@ -49,6 +49,7 @@ pip install torch==2.13.0   # optional: without it, microtensor is measured alon
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/run.py    # every case, then this file
 python bench/run.py --report-only                                   # this file from the last results
 python bench/run.py train --help                                    # one case, and its options
+python bench/run.py train --torch-compile                           # PyTorch also under torch.compile
 ```
 
 (`env -u` removes two OpenBLAS settings that some shared machines set and laptops do not.

@@ -26,9 +26,12 @@ from models import torch_gpt
 TIMED = {}  # name -> function; a tuple it returns is its own phase timings, else it is timed here
 
 
-def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip):
-    """The training step; returns the loss of the first batch (the caller compares it with its own)."""
+def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip, compiled=False):
+    """The training step, run eagerly ("train_step") or with torch.compile ("train_step_compiled",
+    compiled now, by this first step); returns the loss of the first batch (the caller compares it
+    with its own)."""
     model = torch_gpt.from_arrays(config, dict(np.load(weights)))
+    forward = torch.compile(model) if compiled else model
     decay = [p for p in model.parameters() if p.dim() >= 2]  # decay on matrices only, as microtensor.optim.weight_decay_groups
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -39,7 +42,7 @@ def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip
     def step():
         x, y = random_batch(rng, batch_size, config["block_size"], config["vocab_size"])
         t0 = time.perf_counter()
-        _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+        _, loss = forward(torch.from_numpy(x), torch.from_numpy(y))
         losses.append(loss.item())
         t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -50,7 +53,7 @@ def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip
         t3 = time.perf_counter()
         return (t1 - t0, t2 - t1, t3 - t2)
 
-    TIMED["train_step"] = step
+    TIMED["train_step_compiled" if compiled else "train_step"] = step
     step()
     return {"first_loss": losses[0]}
 

@@ -323,6 +323,8 @@ def test_train_rows_and_sections():
         "| training tokens/s | 24,000 | 12,000 | 2.00× | | ≥ 1.5× |",
         "| model FLOP utilization (GEMM peak 123 GFLOP/s) | 63% | 50% | | | ≥ 50% |",
     ]
+    libraries["pytorch_compiled"] = phases(0.009, 0.018, 0.003, 16000.0, 0.55)
+    assert train.result_rows(data)[-1] == "| training step, PyTorch under torch.compile (ms) | 31.0 | 30.0 | 0.97× | | |"
     assert train.default_environment_rows(data) == ["| training tokens/s, OPENBLAS variables kept | 24,000 | 12,000 | 2.00× | | |"]
     assert train.noise_lines(data) == [
         "- microtensor's training step over the run's 30 timed steps: 30.0-32.5 ms (median 31.0).",

@@ -11,6 +11,9 @@ MFU is the step's matmul FLOPs per second (forward, plus twice that for backward
 GEMM peak measured here: microtensor's float32 matmul on large square matrices with the fast
 kernels (numpy's OpenBLAS, its rows split across the cores as in the step).
 
+--torch-compile also times PyTorch's step with the model under torch.compile (compiled before
+timing, by its first step), as a third side of the same alternating blocks.
+
 The readable kernels (`mt.set_kernels("readable")`: plain loops, no BLAS) train the same recipe
 far more slowly, so only --readable-steps steps are timed, in blocks of 2 alternating with steps of
 the fast set; their ratio is the readable step's median over the fast step's median in that run.
@@ -38,6 +41,7 @@ READABLE_BLOCK = 2  # steps per alternating block, readable set against fast set
 def options(p):
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before timing")
     p.add_argument("--readable-steps", type=int, default=6, help="timed steps of the readable kernel set (and as many of the fast set)")
+    p.add_argument("--torch-compile", action="store_true", help="also time PyTorch's step under torch.compile")
 
 
 def measure(args, machine):
@@ -108,16 +112,17 @@ def measure_against_pytorch(args, steps, warmup):
         np.savez(weights, **model.state_dict())  # before any step: both start from these weights
         ours()
         first["microtensor"] = ours.losses[0]
-        if torch_process is not None:
+        sides = {"pytorch": False, "pytorch_compiled": True} if args.torch_compile else {"pytorch": False}  # name: compiled
+        for name, compiled in sides.items() if torch_process is not None else []:
             reply = torch_process.ask(
                 setup="train", config=config.to_dict(), weights=str(weights), batch_size=BATCH, seed=1,
-                lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP,
+                lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP, compiled=compiled,
             )  # fmt: skip
-            first["pytorch"] = reply["first_loss"]
-            remote["pytorch"] = "train_step"
+            first[name] = reply["first_loss"]
+            remote[name] = "train_step_compiled" if compiled else "train_step"
     # the first step from identical weights on the same batch must give the same loss
-    if "pytorch" in first and abs(first["microtensor"] - first["pytorch"]) > 1e-4 * abs(first["pytorch"]):
-        raise SystemExit(f"bench train: the two models disagree on the first loss: {first}")
+    if any(abs(first["microtensor"] - loss) > 1e-4 * abs(loss) for loss in first.values()):
+        raise SystemExit(f"bench train: the models disagree on the first loss: {first}")
     # Blocks of BLOCK steps alternate between the libraries; the median is over every step.
     timings = alternate({"microtensor": ours}, remote, torch_process, steps, block=BLOCK, warmup=warmup)
     if torch_process is not None:
@@ -186,6 +191,12 @@ def result_rows(data):
         f"| model FLOP utilization (GEMM peak {peak:.0f} GFLOP/s) | {ours['mfu']:.0%} | "
         f"{'-' if theirs is None else format(theirs['mfu'], '.0%')} | | | ≥ 50% |"
     )
+    compiled = train["libraries"].get("pytorch_compiled")
+    if compiled:
+        lines.append(
+            f"| training step, PyTorch under torch.compile (ms) | {ours['step'] * 1e3:.1f} | {compiled['step'] * 1e3:.1f} | "
+            f"{x(compiled['step'] / ours['step'])} | | |"
+        )
     return lines
 
 
