@@ -45,7 +45,8 @@ def options(p):
 
 
 def measure(args, machine):
-    return {"machine": machine, "train": measure_against_pytorch(args, args.repeat or 60, args.warmup), "kernel_sets": measure_readable(args.readable_steps, warmup=1)}
+    train = measure_against_pytorch(args, args.repeat or 60, args.warmup)
+    return {"machine": machine, "train": train, "kernel_sets": measure_readable(args.readable_steps, warmup=1)}
 
 
 class OursStep:

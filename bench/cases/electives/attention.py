@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from harness import HERE, alternate, conditions_line
+
 B, H, D = 1, 4, 32
 T_VALUES = (64, 128, 256, 512, 1024, 2048, 4096)
 READABLE_MAX_T = 512

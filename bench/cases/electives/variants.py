@@ -11,6 +11,7 @@ Four tables, each from models trained here with the default recipe's shapes (4 l
   val loss, and each block's share of tokens per expert (utilization) at the end;
 - char against byte-level BPE (vocabulary 512) at equal training time: val loss in bits per
   character, which compares tokenizers (a BPE token covers about two characters).
+
 --tables runs only some tables and keeps the others from the results file's last run.
 """
 import json
