@@ -3,10 +3,11 @@
 A process has one OpenMP runtime, shared by PyTorch and by Numba's parallel kernels, and the
 benchmarks tune how long its threads spin after a kernel as train.py does
 (microtensor.fast.process.tune_for_training). In one process PyTorch would run with microtensor's
-setting or microtensor with PyTorch's, each slower than with its own. So each benchmark starts
-this script with the environment it was itself started with, before the tuning, and asks it, one
-JSON line at a time on stdin/stdout, to build the PyTorch version of what it measures and to time
-blocks of calls, alternating with blocks of its own (common.TorchProcess).
+setting or microtensor with PyTorch's, each slower than with its own. So a case that compares with
+PyTorch starts this script with the environment its process was started with, before the tuning,
+and asks it, one JSON line at a time on stdin/stdout, to build the PyTorch version of what it
+measures (models/torch_gpt.py's GPT, or an op) and to time blocks of calls, alternating with
+blocks of its own (harness.TorchProcess).
 
 Requests: {"setup": kind, ...arguments} builds the timed functions of one benchmark;
 {"time": name, "n": n} returns n timings of one of them (seconds, or its phase seconds);
@@ -16,26 +17,32 @@ import torch  # isort: skip  (first, with its own defaults: see above)
 import json
 import sys
 import time
-from types import SimpleNamespace
 
 import numpy as np
-import torch_gpt
+from harness import float_inputs, integer_inputs, random_batch  # harness puts the checkout on sys.path
+
+from models import torch_gpt
 
 TIMED = {}  # name -> function; a tuple it returns is its own phase timings, else it is timed here
 
 
-def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip):
-    """The training step; returns the loss of the first batch (the caller compares it with its own)."""
-    config = SimpleNamespace(**config)
-    model = torch_gpt.from_arrays(torch, config, dict(np.load(weights)))
-    optimizer = torch_gpt.adamw(torch, model, lr, weight_decay, tuple(betas))
+def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip, compiled=False):
+    """The training step, run eagerly ("train_step") or with torch.compile ("train_step_compiled",
+    compiled now, by this first step); returns the loss of the first batch (the caller compares it
+    with its own)."""
+    model = torch_gpt.from_arrays(config, dict(np.load(weights)))
+    forward = torch.compile(model) if compiled else model
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # decay on matrices only, as microtensor.optim.weight_decay_groups
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
     rng = np.random.default_rng(seed)
     losses = []
 
     def step():
-        x, y = torch_gpt.random_batch(rng, batch_size, config.block_size, config.vocab_size)
+        x, y = random_batch(rng, batch_size, config["block_size"], config["vocab_size"])
         t0 = time.perf_counter()
-        _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+        _, loss = forward(torch.from_numpy(x), torch.from_numpy(y))
         losses.append(loss.item())
         t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -46,15 +53,14 @@ def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip
         t3 = time.perf_counter()
         return (t1 - t0, t2 - t1, t3 - t2)
 
-    TIMED["train_step"] = step
+    TIMED["train_step_compiled" if compiled else "train_step"] = step
     step()
     return {"first_loss": losses[0]}
 
 
 def setup_generate(config, weights, new_tokens):
     """Greedy generation from a 1-token prompt, with the KV cache and recomputing every token."""
-    config = SimpleNamespace(**config)
-    model = torch_gpt.from_arrays(torch, config, dict(np.load(weights)))
+    model = torch_gpt.from_arrays(config, dict(np.load(weights)))
     model.eval()
 
     def generate(use_kv_cache):
@@ -78,7 +84,7 @@ def setup_generate(config, weights, new_tokens):
 
 
 def _torch_op(kind, dims):
-    """The PyTorch function of one op of bench/bench_ops.py, taking its float inputs as tensors."""
+    """The PyTorch function of one op of bench/cases/ops.py, taking its float inputs as tensors."""
     tf = torch.nn.functional
     if kind == "matmul":
         return lambda a, b: a @ b
@@ -97,20 +103,20 @@ def _torch_op(kind, dims):
     if kind == "attention":
         return lambda q, k, v: tf.scaled_dot_product_attention(q, k, v, is_causal=True)
     if kind == "cross_entropy":
-        targets = torch.from_numpy(torch_gpt.integer_inputs(1, dims[-1], dims[0]))
+        targets = torch.from_numpy(integer_inputs(1, dims[-1], dims[0]))
         return lambda x: tf.cross_entropy(x, targets)
     if kind == "embedding":
-        ids = torch.from_numpy(torch_gpt.integer_inputs(1, dims[0], (12, 64)))
+        ids = torch.from_numpy(integer_inputs(1, dims[0], (12, 64)))
         return lambda w: tf.embedding(ids, w)
     raise ValueError(f"torch_side: unknown op {kind!r}")
 
 
 def setup_op(name, kind, shapes, seed):
-    """`name`/forward and `name`/forward_backward for one op on the inputs bench_ops.py uses."""
+    """`name`/forward and `name`/forward_backward for one op on the inputs bench/cases/ops.py uses."""
     fn = _torch_op(kind, shapes[0])
-    inputs = [torch.tensor(a, requires_grad=True) for a in torch_gpt.float_inputs(seed, shapes)]
+    inputs = [torch.tensor(a, requires_grad=True) for a in float_inputs(seed, shapes)]
     out_shape = tuple(fn(*inputs).shape)
-    upstream = torch.from_numpy(torch_gpt.float_inputs(seed + 1, [out_shape])[0])
+    upstream = torch.from_numpy(float_inputs(seed + 1, [out_shape])[0])
 
     def forward():
         with torch.no_grad():
@@ -127,8 +133,8 @@ def setup_op(name, kind, shapes, seed):
 
 
 def setup_adamw(shapes, seed, lr, weight_decay, betas):
-    params = [torch.tensor(a, requires_grad=True) for a in torch_gpt.float_inputs(seed, shapes)]
-    for p, g in zip(params, torch_gpt.float_inputs(seed + 1, shapes)):
+    params = [torch.tensor(a, requires_grad=True) for a in float_inputs(seed, shapes)]
+    for p, g in zip(params, float_inputs(seed + 1, shapes)):
         p.grad = torch.from_numpy(g)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     TIMED["adamw_step"] = optimizer.step

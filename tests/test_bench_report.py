@@ -1,8 +1,8 @@
-"""bench/README.md is generated, and must stay so: each technique's section is its script's
-markdown(data) of the JSON it wrote, and the file is exactly what bench/run_all.py's report()
-builds from bench/results/.
+"""bench/README.md is generated, and must stay so: each elective case's section is its
+markdown(data) of the JSON it wrote, and the file is exactly what bench/run.py's report() builds
+from bench/results/.
 
-Each script's markdown is also checked on a small made-up result, whole table lines at a time, so
+Each case's rendering is also checked on a small made-up result, whole table lines at a time, so
 that a table or a column that goes missing fails here. Nothing is measured: no benchmark runs.
 """
 import importlib
@@ -16,18 +16,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
-sys.path.insert(0, str(BENCH))  # run_all.py and the scripts import each other from there
-run_all = importlib.import_module("run_all")
+sys.path.insert(0, str(BENCH))  # run.py imports the harness and the cases from there
+run = importlib.import_module("run")
+harness = importlib.import_module("harness")
+cases = importlib.import_module("cases")
 
-SCRIPTS = {name: script for name, script, _, _ in run_all.TECHNIQUES}
-MACHINE = {"date": "2031-05-06", "cores": 3, "numpy": "9.8.7", "numba": "6.5.4", "torch": "1.2.3"}
-CONDITIONS = "Measured on 2031-05-06: 3 cores, numpy 9.8.7, numba 6.5.4, PyTorch 1.2.3."
+ELECTIVES = [case for case in cases.CASES if case.elective]
+CORE = [case for case in cases.CASES if not case.elective]
+MACHINE = {"date": "2031-05-06", "processor": "Made-up CPU", "isa": "avx2, avx512f", "cores": 3, "numpy": "9.8.7", "numba": "6.5.4", "torch": "1.2.3"}
+CONDITIONS = "Measured on 2031-05-06: Made-up CPU (vector ISA: avx2, avx512f), 3 cores, numpy 9.8.7, numba 6.5.4, PyTorch 1.2.3."
 
 
 def keeping_the_environment(function, *args):
-    """function(*args) with os.environ put back afterwards. The scripts are imported when a test
-    runs, not when pytest collects this file, and bench/common.py, which they import, sets
-    GOMP_SPINCOUNT as train.py does: programs that later tests start must not inherit it."""
+    """function(*args) with os.environ put back afterwards, so that nothing a case module sets on
+    import reaches the programs that later tests start."""
     environment = dict(os.environ)
     try:
         return function(*args)
@@ -36,14 +38,14 @@ def keeping_the_environment(function, *args):
         os.environ.update(environment)
 
 
-def technique_module(name):
-    """The script of technique `name` (run_all.TECHNIQUES)."""
-    return keeping_the_environment(run_all.technique_module, SCRIPTS[name])
+def case_module(name):
+    """The module of case `name` (cases.CASES)."""
+    return keeping_the_environment(cases.BY_NAME[name].module)
 
 
 def markdown_of(name, data):
-    """The markdown the technique `name` makes of `data`."""
-    return technique_module(name).markdown(data)
+    """The markdown the elective case `name` makes of `data`."""
+    return case_module(name).markdown(data)
 
 
 def assert_lines(text, expected):
@@ -61,31 +63,64 @@ def section(report, title):
 
 @pytest.fixture(scope="module")
 def report():
-    return keeping_the_environment(run_all.report, RESULTS)
+    return keeping_the_environment(run.report, RESULTS)
 
 
 # --------------------------------------------------------------------------------- the README
 
 
-@pytest.mark.parametrize(("name", "script", "title"), [t[:3] for t in run_all.TECHNIQUES], ids=list(SCRIPTS))
-def test_each_measured_technique_has_its_section_and_a_table(report, name, script, title):
-    assert (RESULTS / f"{name}.json").exists(), f"bench/results/{name}.json is missing: the repository keeps every script's latest results"
-    text = section(report, title)
-    assert f"From `python bench/{script}`" in text
+@pytest.mark.parametrize("case", ELECTIVES, ids=[case.name for case in ELECTIVES])
+def test_each_measured_technique_has_its_section_and_a_table(report, case):
+    assert (RESULTS / f"{case.name}.json").exists(), f"bench/results/{case.name}.json is missing: the repository keeps every case's latest results"
+    text = section(report, case.title)
+    assert f"From `python bench/run.py {case.name}`" in text
     assert re.search(r"^\|.*\|\n\|(-+:?\|)+$", text, re.MULTILINE), f"no markdown table in the section {title!r}:\n{text}"
     assert "Measured on " in text
 
 
-def test_the_readme_is_what_run_all_builds_from_the_results(report):
+@pytest.mark.parametrize("case", CORE, ids=[case.name for case in CORE])
+def test_each_core_case_has_its_rows_or_its_section_with_a_table(report, case):
+    assert (RESULTS / f"{case.name}.json").exists(), f"bench/results/{case.name}.json is missing: the repository keeps every case's latest results"
+    module, data = case_module(case.name), harness.load(RESULTS, case.name)
+    rows = getattr(module, "result_rows", lambda data: [])(data)
+    own_sections = getattr(module, "sections", lambda data: [])(data)
+    assert rows or own_sections, f"the case {case.name} renders nothing"
+    results = section(report, "Results").splitlines()
+    assert all(row in results for row in rows), f"the Results table lacks a row of {case.name}"
+    for title, lines in own_sections:
+        text = "\n".join(lines)
+        assert re.search(r"^\|.*\|\n\|(-+:?\|)+$", text, re.MULTILINE), f"no markdown table in the section {title!r}:\n{text}"
+        assert text in section(report, title)
+
+
+def test_the_readme_is_what_run_builds_from_the_results(report):
     readme = (BENCH / "README.md").read_text(encoding="utf-8")
-    assert readme == report, "bench/README.md differs from its generator: run `python bench/run_all.py --report-only`"
+    assert readme == report, "bench/README.md differs from its generator: run `python bench/run.py --report-only`"
 
 
-def test_the_conditions_line_names_date_cores_versions_and_load():
-    assert run_all.conditions_line(MACHINE) == CONDITIONS
-    assert run_all.conditions_line(MACHINE, load=[3.1, 4.7]) == CONDITIONS[:-1] + ", load average 3.1 before, 4.7 after."
+def test_the_readme_explains_the_process_tuning(report):
+    text = section(report, "Process tuning")
+    assert "tune_for_training()" in text and "malloc" in text and "GOMP_SPINCOUNT" in text
+
+
+def test_the_conditions_line_names_date_cpu_cores_versions_and_load():
+    assert harness.conditions_line(MACHINE) == CONDITIONS
+    assert harness.conditions_line(MACHINE, load=[3.1, 4.7]) == CONDITIONS[:-1] + ", load average 3.1 before, 4.7 after."
+    assert harness.conditions_line({**MACHINE, "load_average_1min_before_after": [3.1, 4.7]}) == CONDITIONS[:-1] + ", load average 3.1 before, 4.7 after."
     without_torch = {**MACHINE, "torch": "(not installed)"}
-    assert run_all.conditions_line(without_torch) == "Measured on 2031-05-06: 3 cores, numpy 9.8.7, numba 6.5.4."
+    assert harness.conditions_line(without_torch) == "Measured on 2031-05-06: Made-up CPU (vector ISA: avx2, avx512f), 3 cores, numpy 9.8.7, numba 6.5.4."
+    recorded_before_the_isa = {key: value for key, value in MACHINE.items() if key != "isa"}
+    assert harness.conditions_line(recorded_before_the_isa) == CONDITIONS.replace("avx2, avx512f", "not recorded")
+
+
+def test_the_vector_isa_is_read_from_the_cpu_flags(monkeypatch):
+    flags = {"flags": "fpu sse2 avx avx2 fma avx512f avx512bw", "Features": None}
+    monkeypatch.setattr(harness, "_cpuinfo", lambda field: flags.get(field))
+    assert harness.vector_isa() == "avx2, avx512f"
+    flags = {"flags": None, "Features": "fp asimd evtstrm aes"}
+    assert harness.vector_isa() == "neon"
+    flags = {"flags": "fpu sse2", "Features": None}
+    assert harness.vector_isa() == "none of avx2, avx512f, neon"
 
 
 # --------------------------------------------------------------------------------- each script's tables
@@ -260,4 +295,89 @@ def test_lora_markdown():
         "| LoRA r=2 | 11,264 (1.38%) | 4.1234 | 2.6789 | 12.3 | 25.7 | 200 |",
         "| full fine-tuning | 804,096 (100.00%) | 4.1234 | 2.2222 | 1,234.5 | 34.6 | 9,765 |",
         CONDITIONS,
+    ])  # fmt: skip
+
+
+# --------------------------------------------------------------------------------- the core cases' rows and sections
+
+
+def test_train_rows_and_sections():
+    def phases(forward, backward, optimizer, tokens_per_s, mfu):
+        return {"forward": forward, "backward": backward, "optimizer": optimizer, "step": forward + backward + optimizer,
+                "tokens_per_s": tokens_per_s, "mfu": mfu, "steps": 30}  # fmt: skip
+
+    libraries = {"microtensor": phases(0.010, 0.020, 0.001, 24000.0, 0.634), "pytorch": phases(0.012, 0.024, 0.003, 12000.0, 0.5)}
+    data = {
+        "train": {
+            "libraries": libraries, "gemm_peak_flops": 123.4e9, "block": 4,
+            "spread": {"microtensor_step_s": {"min": 0.030, "median": 0.031, "max": 0.0325}, "step_ratio_by_block": {"min": 1.1, "median": 1.25, "max": 1.3}},
+        },
+        "kernel_sets": {"readable": phases(0.1, 0.2, 0.01, 2000.0, 0.1), "fast": phases(0.01, 0.02, 0.001, 24000.0, 0.6)},
+    }  # fmt: skip
+    train = case_module("train")
+    assert train.result_rows(data) == [
+        "| training forward (ms) | 10.0 | 12.0 | 1.20× |  |  |",
+        "| training backward (ms) | 20.0 | 24.0 | 1.20× |  |  |",
+        "| training optimizer (ms) | 1.0 | 3.0 | 3.00× |  |  |",
+        "| training step (ms) | 31.0 | 39.0 | 1.26× | 1.10-1.30× | ≥ 1.5× |",
+        "| training tokens/s | 24,000 | 12,000 | 2.00× | | ≥ 1.5× |",
+        "| model FLOP utilization (GEMM peak 123 GFLOP/s) | 63% | 50% | | | ≥ 50% |",
+    ]
+    libraries["pytorch_compiled"] = phases(0.009, 0.018, 0.003, 16000.0, 0.55)
+    assert train.result_rows(data)[-1] == "| training step, PyTorch under torch.compile (ms) | 31.0 | 30.0 | 0.97× | | |"
+    assert train.default_environment_rows(data) == ["| training tokens/s, OPENBLAS variables kept | 24,000 | 12,000 | 2.00× | | |"]
+    assert train.noise_lines(data) == [
+        "- microtensor's training step over the run's 30 timed steps: 30.0-32.5 ms (median 31.0).",
+        "- the step's ratio over the blocks of 4 steps: 1.10-1.30× (median 1.25×).",
+    ]
+    [(title, lines)] = train.sections(data)
+    assert title == "The two kernel sets"
+    assert_lines("\n".join(lines), ["| step | 310.0 | 31.0 | 10.00× |", "| tokens/s | 2,000 | 24,000 | |"])
+
+
+def test_ops_rows():
+    row = {"op": "gelu (8, 8)", "forward_backward_s": 0.000123, "torch_forward_backward_s": 0.000246, "forward_backward_ratio": 2.0,
+           "forward_backward_ratio_spread": {"min": 1.5, "median": 2.0, "max": 2.25}}  # fmt: skip
+    alone = {"op": "AdamW step (9 params)", "forward_backward_s": 0.001, "torch_forward_backward_s": None, "forward_backward_ratio": None}
+    assert case_module("ops").result_rows({"ops": [row, alone]}) == [
+        "| gelu (8, 8), fwd+bwd (µs) | 123 | 246 | 2.00× | 1.50-2.25× | ≥ 1× |",
+        "| AdamW step (9 params), fwd+bwd (µs) | 1000 | - | - |  | ≥ 1× |",
+    ]
+
+
+def test_generate_startup_and_convergence_rows():
+    generate = {"tokens": 99, "microtensor_kv_cache_tokens_per_s": 5000.4, "pytorch_kv_cache_tokens_per_s": 1000.0, "kv_cache_vs_pytorch": 5.0004,
+                "microtensor_recompute_tokens_per_s": 100.0, "pytorch_recompute_tokens_per_s": None, "kv_cache_vs_recompute": 50.004}  # fmt: skip
+    assert case_module("generate").result_rows({"generate": generate}) == [
+        "| generation with KV cache, 1→100 tokens (tokens/s) | 5,000 | 1,000 | 5.00× | | ≥ 2× |",
+        "| generation recomputing the context (tokens/s) | 100 | - | cache 50.00× faster | | cache ≥ 5× |",
+    ]
+    startup = {"import_microtensor_s": 0.4321, "train_max_iters_1_cold_s": 11.06, "train_max_iters_1_warm_s": 1.24,
+               "peak_rss_training_mib": 190.4, "peak_rss_iters": 50}  # fmt: skip
+    assert case_module("startup").result_rows({"startup": startup}) == [
+        "| `import microtensor` (s) | 0.43 | | | | ≤ 0.5 s |",
+        "| `train.py --max-iters 1`, empty Numba cache (s) | 11.1 | | | | ≤ 15 s |",
+        "| `train.py --max-iters 1`, filled cache (s) | 1.2 | | | | ≤ 3 s |",
+        "| peak RSS training the default recipe for 50 steps, filled Numba cache (MiB) | 190 | | | | ≤ 200 MiB |",
+    ]
+    convergence = {"steps": 1500, "final_val_loss": 1.87654, "data": "/somewhere/poems.txt"}
+    assert case_module("convergence").result_rows({"convergence": convergence}) == [
+        "| val loss after 1500 steps on poems.txt | 1.8765 | | | | ≤ 1.90 |"
+    ]
+
+
+def test_profile_section():
+    functions = [{"function": f"Op{i}", "phase": "forward", "ms_per_step": 2.0 - i / 10, "calls_per_step": 4.0, "us_per_call": 500.0 - i} for i in range(13)]
+    data = {"profile": {"steps": 20, "kernels": "fast", "phases_ms": {"step": 40.04, "forward": 15.0, "backward": 24.0, "optimizer": 1.04},
+                        "functions": functions, "outside_functions_ms": 3.5, "mean_step_ms": 22.7}}  # fmt: skip
+    [(title, lines)] = case_module("profile").sections(data)
+    assert title == "Where a step's time goes"
+    assert_lines("\n".join(lines), [
+        "| Function | phase | ms / step | calls / step | µs / call |",
+        "| Op0 | forward | 2.00 | 4 | 500 |",
+        "| Op11 | forward | 0.90 | 4 | 489 |",
+        "| 1 more rows | | 0.80 | | |",
+        "| all Functions | | 18.20 | | |",
+        "| everything else (the backward walk, Python between ops, the optimizer's loop) | | 3.50 | | |",
+        "| the step (mean) | | 22.70 | | |",
     ])  # fmt: skip

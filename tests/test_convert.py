@@ -1,6 +1,6 @@
 """models/convert.py: export to nanoGPT's layout, import back, and a PyTorch model that agrees.
 
-The export is checked against tests/torch_reference_gpt.py, a PyTorch GPT written apart from
+The export is checked against models/torch_gpt.py, a PyTorch GPT written apart from
 microtensor: for every model option, in float64 and float32, it loads the file and must compute
 microtensor's logits, loss and every parameter's gradient. The round trip must give back the same
 bits; broken files must give clear errors; an imported checkpoint must sample and resume; the DDP
@@ -103,7 +103,7 @@ def torch():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("options", EVERY_OPTION, ids=option_id)
 def test_pytorch_computes_the_same_logits_loss_and_gradients(torch, tmp_path, options, dtype):
-    import torch_reference_gpt
+    from models import torch_gpt as torch_reference_gpt
 
     model = random_model(dtype, **options)
     folder = save_checkpoint(tmp_path / "out", model)

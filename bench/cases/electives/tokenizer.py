@@ -1,47 +1,46 @@
 """The byte-level BPE tokenizer (models/bpe.py) on tinyshakespeare: training time, encoding speed, characters per token.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_tokenizer.py [--json FILE] [--repeat N]
-
 For each vocabulary size the tokenizer is trained on the whole of ../shared/data/tinyshakespeare.txt
 (beside the project's folder, as tests/test_programs.py finds it), then encodes the whole text. A
 time is the median of --repeat runs (default 3), each in this process, one after the other; encode
 throughput is the text's UTF-8 bytes over the median encode time (each encode starts with an empty
-cache: its cache lives in one call). The script checks that every encoding decodes back to the
+cache: its cache lives in one call). The case checks that every encoding decodes back to the
 text before it reports anything. The character tokenizer (models/data.py) is measured alike, as
 the baseline: its "training" is collecting the set of characters.
-
-Writes bench/results/tokenizer.json unless --json names another file.
 """
-from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path)
-import statistics
-import time
+from pathlib import Path
 
-from run_all import conditions_line
+from harness import TINYSHAKESPEARE, conditions_line, median_seconds
 
 from models.bpe import BytePairTokenizer
 from models.data import CharTokenizer
 
 VOCAB_SIZES = (512, 1024, 2048)
-DEFAULT_REPEAT = 3
-DEFAULT_JSON = ROOT / "bench" / "results" / "tokenizer.json"
 
 
-def median_seconds(fn, repeat):
-    """(median seconds of repeat calls of fn, fn's last result)."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+def options(p):
+    p.add_argument("--data", default=str(TINYSHAKESPEARE), help="the text to train on and encode")
 
 
-def measure(name, train, text, repeat):
+def measure(args, machine):
+    corpus = Path(args.data)
+    if not corpus.is_file():
+        raise SystemExit(f"bench tokenizer: {corpus} is missing; the case trains on it")
+    text = corpus.read_bytes().decode("utf-8")
+    repeat = args.repeat or 3
+    rows = [measure_one("char", lambda: CharTokenizer.from_text(text), text, repeat)]
+    for vocab_size in VOCAB_SIZES:
+        rows.append(measure_one(f"bpe {vocab_size}", lambda v=vocab_size: BytePairTokenizer.train(text, v), text, repeat))
+        print(f"bpe {vocab_size}: trained in {rows[-1]['train_s']:.2f} s", flush=True)
+    return {"machine": machine, "tokenizer": {"corpus": corpus.name, "characters": len(text), "repeat": repeat, "rows": rows}}
+
+
+def measure_one(name, train, text, repeat):
     """Train and encode timings of one tokenizer; train() -> the tokenizer."""
     train_s, tokenizer = median_seconds(train, repeat)
     encode_s, ids = median_seconds(lambda: tokenizer.encode(text), repeat)
     if tokenizer.decode(ids) != text:
-        raise SystemExit(f"bench_tokenizer: {name} does not decode its encoding of the text back to the text")
+        raise SystemExit(f"bench tokenizer: {name} does not decode its encoding of the text back to the text")
     n_bytes = len(text.encode("utf-8"))
     return {
         "tokenizer": name,
@@ -65,7 +64,7 @@ def row_cells(row):
 
 
 def markdown(data):
-    """The table of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    """The table of a run's JSON (the dict measure() returns), and the conditions it ran under."""
     results = data["tokenizer"]
     lines = [
         f"Tokenizers on {results['corpus']} ({results['characters']:,} characters); times are medians of {results['repeat']} runs:",
@@ -76,26 +75,3 @@ def markdown(data):
     lines += ["| " + " | ".join(row_cells(row)) + " |" for row in results["rows"]]
     lines += ["", conditions_line(data["machine"])]
     return "\n".join(lines)
-
-
-def main():
-    p = parser(__doc__.splitlines()[0])
-    p.set_defaults(json=str(DEFAULT_JSON))
-    args = p.parse_args()
-    if not TINYSHAKESPEARE.is_file():
-        raise SystemExit(f"bench_tokenizer: {TINYSHAKESPEARE} is missing; the benchmark trains on it")
-    text = TINYSHAKESPEARE.read_bytes().decode("utf-8")
-    info = machine_info()
-    print_machine(info)
-    repeat = args.repeat or DEFAULT_REPEAT
-    rows = [measure("char", lambda: CharTokenizer.from_text(text), text, repeat)]
-    for vocab_size in VOCAB_SIZES:
-        rows.append(measure(f"bpe {vocab_size}", lambda v=vocab_size: BytePairTokenizer.train(text, v), text, repeat))
-        console.print(f"bpe {vocab_size}: trained in {rows[-1]['train_s']:.2f} s")
-    data = {"machine": info, "tokenizer": {"corpus": TINYSHAKESPEARE.name, "characters": len(text), "repeat": repeat, "rows": rows}}
-    print(f"\n{markdown(data)}\n")  # plain print: a markdown table must not be wrapped to the terminal's width
-    write_json(args.json, data)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,6 @@
 (cold: every kernel compiles) and with a filled one (warm), and the peak RSS of training the
 default recipe, cold and warm.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_startup.py [--json FILE]
-
 Each time is the median over separate processes; each peak RSS is one process (it repeats closely
 from run to run). The cold runs point NUMBA_CACHE_DIR at a fresh empty folder, so they compile
 exactly what a new user's first run compiles. train.py runs with its default kernel set (fast).
@@ -16,9 +14,28 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, TINYSHAKESPEARE, console, fmt_time, machine_info, parser, print_machine, write_json
-from rich.table import Table
+from harness import HERE, ROOT, TINYSHAKESPEARE
 
+
+def options(p):
+    p.add_argument("--memory-iters", type=int, default=200, help="training steps for the peak-memory run")
+
+
+def measure(args, machine):
+    repeat = args.repeat or 3
+    with tempfile.TemporaryDirectory() as folder:
+        seconds_import = import_time(max(repeat, 5))
+        cold, warm = start_up(repeat, folder)
+        peak_cold, peak_warm = peak_memory(folder, args.memory_iters)
+    results = {
+        "import_microtensor_s": seconds_import,
+        "train_max_iters_1_cold_s": cold,
+        "train_max_iters_1_warm_s": warm,
+        "peak_rss_training_mib": peak_warm,
+        "peak_rss_training_cold_mib": peak_cold,
+        "peak_rss_iters": args.memory_iters,
+    }
+    return {"machine": machine, "startup": results}
 
 
 def corpus_path(folder):
@@ -34,7 +51,9 @@ def corpus_path(folder):
 def run(command, env=None):
     """Wall seconds of one child process."""
     start = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench startup: {' '.join(command)} failed:\n{done.stdout}")
     return time.perf_counter() - start
 
 
@@ -48,9 +67,10 @@ def import_time(repeat):
 
 
 def train_command(out_dir, data, iters):
+    """train.py's command; --force, since the warm run trains again in the cold run's folder."""
     return [
         sys.executable, "train.py", "--max-iters", str(iters), "--eval-interval", "1000000",
-        "--eval-iters", "1", "--out-dir", out_dir, "--data", data,
+        "--eval-iters", "1", "--out-dir", out_dir, "--data", data, "--force",
     ]  # fmt: skip
 
 
@@ -71,7 +91,7 @@ def peak_memory(folder, iters):
     in memory than loading compiled kernels does, so the two differ."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(Path(folder) / "numba-cache-memory"))
     out_dir = str(Path(folder) / "out-memory")
-    command = [sys.executable, str(Path(__file__).with_name("peak_rss.py"))] + train_command(out_dir, corpus_path(folder), iters)[1:]
+    command = [sys.executable, str(HERE / "peak_rss.py")] + train_command(out_dir, corpus_path(folder), iters)[1:]
     peaks = []
     for _ in ("cold", "warm"):
         out = subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
@@ -79,37 +99,15 @@ def peak_memory(folder, iters):
     return peaks
 
 
-def main():
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--memory-iters", type=int, default=200, help="training steps for the peak-memory run")
-    args = p.parse_args()
-    info = machine_info()
-    print_machine(info)
-    repeat = args.repeat or 3
-    with tempfile.TemporaryDirectory() as folder:
-        seconds_import = import_time(max(repeat, 5))
-        cold, warm = start_up(repeat, folder)
-        peak_cold, peak_warm = peak_memory(folder, args.memory_iters)
-    results = {
-        "import_microtensor_s": seconds_import,
-        "train_max_iters_1_cold_s": cold,
-        "train_max_iters_1_warm_s": warm,
-        "peak_rss_training_mib": peak_warm,
-        "peak_rss_training_cold_mib": peak_cold,
-        "peak_rss_iters": args.memory_iters,
-    }
-    table = Table(title="start-up and memory (separate processes; times are medians)")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_column("target", justify="right")
-    table.add_row("import microtensor", fmt_time(seconds_import), "≤ 0.5 s")
-    table.add_row("train.py --max-iters 1, cold Numba cache", fmt_time(cold), "≤ 15 s")
-    table.add_row("train.py --max-iters 1, warm Numba cache", fmt_time(warm), "≤ 3 s")
-    table.add_row(f"peak RSS, default recipe, {args.memory_iters} steps, warm cache", f"{peak_warm:.0f} MiB", "≤ 200 MiB")
-    table.add_row(f"peak RSS, default recipe, {args.memory_iters} steps, cold cache", f"{peak_cold:.0f} MiB", "")
-    console.print(table)
-    write_json(args.json, {"machine": info, "startup": results})
-
-
-if __name__ == "__main__":
-    main()
+def result_rows(data):
+    s = data["startup"]
+    lines = [
+        f"| `import microtensor` (s) | {s['import_microtensor_s']:.2f} | | | | ≤ 0.5 s |",
+        f"| `train.py --max-iters 1`, empty Numba cache (s) | {s['train_max_iters_1_cold_s']:.1f} | | | | ≤ 15 s |",
+        f"| `train.py --max-iters 1`, filled cache (s) | {s['train_max_iters_1_warm_s']:.1f} | | | | ≤ 3 s |",
+        f"| peak RSS training the default recipe for {s.get('peak_rss_iters', 200)} steps, filled Numba cache (MiB) | "
+        f"{s['peak_rss_training_mib']:.0f} | | | | ≤ 200 MiB |",
+    ]
+    if "peak_rss_training_cold_mib" in s:
+        lines.append(f"| peak RSS, the same with an empty Numba cache (MiB) | {s['peak_rss_training_cold_mib']:.0f} | | | | |")
+    return lines

@@ -1,28 +1,23 @@
 """Generation speed of the transformer variants, with the fast set's decode kernel and without it.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_decode_variants.py [--repeat 5] [--json FILE]
-
 The default recipe's shapes (4 layers, 4 heads, 128 wide, block 64, vocabulary 65) with random
 weights (the initialization), greedy generation of 200 tokens from a 1-token prompt, batch 1, with
 the KV cache, under the fast kernel set. Each variant changes one option of the baseline (learned
 positions, 4 key/value heads, the GELU MLP): ALiBi positions, one key/value head (multi-query), a
 mixture of 4 experts with 2 per token. Each runs two ways: "kernel", where every one-token step is
-one call of models/decode_kernel.py, and "fallback", where `decode_kernel_fits` is patched to
-say no, so every step goes through the modules (the path these options took before the kernel
+one call of models/decode_kernel.py, and "fallback", where `decode_kernel_fits` is made to say
+no (harness.decode_kernel_off), so every step goes through the modules (the path these options took before the kernel
 covered them). 200 tokens pass block_size, so both also rebuild the cache through the modules
 every 32 tokens (the window rule).
 
-Before timing, the script checks that both ways generate the same tokens. The runs alternate
+Before timing, the case checks that both ways generate the same tokens. The runs alternate
 between all eight (variant, way) pairs, so a noisy neighbour slows all of them alike; a figure is
-the median over `--repeat` runs, and tokens/s is 200 over that median. Prints a markdown table and
-writes bench/results/decode_variants.json (or --json FILE).
+the median over `--repeat` runs, and tokens/s is 200 over that median.
 """
-from common import ROOT, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import statistics
-import time
 
 import numpy as np
-from run_all import conditions_line
+from harness import conditions_line, decode_kernel_off, in_turns
 
 import microtensor as mt
 from models import decode_kernel
@@ -30,7 +25,6 @@ from models.gpt import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 NEW_TOKENS = 200
-DEFAULT_REPEAT = 5
 VARIANTS = {
     "baseline": dict(),  # learned positions, n_kv_head 4, GELU MLP
     "alibi": dict(pos="alibi"),
@@ -44,23 +38,18 @@ LABELS = {
     "moe": "mlp moe (E 4, k 2)",
 }
 WAYS = ("kernel", "fallback")
-DEFAULT_JSON = ROOT / "bench" / "results" / "decode_variants.json"
 
 
 def generator(model, way):
     """A function that runs one whole greedy generation and returns its tokens (NEW_TOKENS,)."""
     prompt = np.zeros((1, 1), dtype=np.int64)
-    fits = decode_kernel.decode_kernel_fits
 
     def run():
-        if way == "fallback":
-            decode_kernel.decode_kernel_fits = lambda config: False
-        try:
-            with mt.using_kernels("fast"):
-                out = model.generate(prompt, NEW_TOKENS, temperature=0, use_kv_cache=True)
-        finally:
-            decode_kernel.decode_kernel_fits = fits
-        return out.data[0, 1:]
+        with mt.using_kernels("fast"):
+            if way == "kernel":
+                return model.generate(prompt, NEW_TOKENS, temperature=0, use_kv_cache=True).data[0, 1:]
+            with decode_kernel_off():
+                return model.generate(prompt, NEW_TOKENS, temperature=0, use_kv_cache=True).data[0, 1:]
 
     return run
 
@@ -72,7 +61,7 @@ def build():
         mt.manual_seed(0)
         model = GPT(GPTConfig(**RECIPE, **options))
         if not decode_kernel.decode_kernel_fits(model.config):
-            raise SystemExit(f"bench_decode_variants: decode_kernel_fits says no to {name}; there is no kernel to measure")
+            raise SystemExit(f"bench decode_variants: decode_kernel_fits says no to {name}; there is no kernel to measure")
         for way in WAYS:
             runs[name, way] = generator(model, way)
     return runs
@@ -86,21 +75,22 @@ def check_same_tokens(runs):
         differ = np.flatnonzero(kernel != fallback)
         if differ.size:
             raise SystemExit(
-                f"bench_decode_variants: {name}: the kernel and the fallback differ first at token {int(differ[0])} "
+                f"bench decode_variants: {name}: the kernel and the fallback differ first at token {int(differ[0])} "
                 f"({int(kernel[differ[0]])} vs {int(fallback[differ[0]])}; {differ.size} tokens differ)"
             )
-    console.print(f"kernel and fallback generate the same {NEW_TOKENS} tokens for each of {len(VARIANTS)} variants")
+    print(f"kernel and fallback generate the same {NEW_TOKENS} tokens for each of {len(VARIANTS)} variants")
 
 
-def measure(repeat):
+def measure(args, machine):
+    repeat = args.repeat or 5
+    settings = {"recipe": RECIPE, "variants": VARIANTS, "tokens": NEW_TOKENS, "repeat": repeat}
+    return {"machine": machine, "settings": settings, "decode_variants": measure_variants(repeat)}
+
+
+def measure_variants(repeat):
     runs = build()
     check_same_tokens(runs)
-    times = {key: [] for key in runs}
-    for _ in range(repeat):  # one run of each in turn, `repeat` times
-        for key, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[key].append(time.perf_counter() - start)
+    times = in_turns(runs, repeat)
     results = {}
     for name in VARIANTS:
         row = {}
@@ -115,7 +105,7 @@ def measure(repeat):
 
 
 def markdown(data):
-    """The table of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    """The table of a run's JSON (the dict measure() returns), and the conditions it ran under."""
     settings = data["settings"]
     lines = [
         f"Greedy generation, {settings['tokens']} tokens, batch 1, KV cache, fast set; medians of {settings['repeat']} runs:",
@@ -129,19 +119,3 @@ def markdown(data):
         )
     lines += ["", conditions_line(data["machine"])]
     return "\n".join(lines)
-
-
-def main():
-    p = parser(__doc__.splitlines()[0])
-    args = p.parse_args()
-    repeat = args.repeat or DEFAULT_REPEAT
-    info = machine_info()
-    print_machine(info)
-    settings = {"recipe": RECIPE, "variants": VARIANTS, "tokens": NEW_TOKENS, "repeat": repeat}
-    data = {"machine": info, "settings": settings, "decode_variants": measure(repeat)}
-    print(f"\n{markdown(data)}\n")
-    write_json(args.json or DEFAULT_JSON, data)
-
-
-if __name__ == "__main__":
-    main()

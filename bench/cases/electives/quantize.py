@@ -1,6 +1,6 @@
 """int8 and int4 weights (models/quantize.py) against float32: bytes, validation loss, generation speed.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_quantize.py [--json FILE]
+    python bench/run.py quantize [--iters 500] [--checkpoint DIR] [--retrain]
 
 Trains the default recipe (4 layers, 4 heads, 128 wide, block 64) briefly with train.py in a
 subprocess (--iters, default 500) on ../shared/data/tinyshakespeare.txt, in a folder of the
@@ -18,39 +18,29 @@ input rows):
   A float32 model's one-token steps run the fast set's decode kernel (the whole model in one
   kernel); a quantized model's go through the modules, each Linear its quantized product. So
   float32 is also timed through the modules ("float32, modules": the decode kernel switched off
-  here by making models.decode_kernel.decode_kernel_fits answer False), which is the fair comparison of the
+  here by harness.decode_kernel_off), which is the fair comparison of the
   products. With block_size 64, every variant feeds its last 32 tokens through the modules again
   each time the window passes block_size (models/decoder.py's window rule): that is in every time.
   Also: where the greedy tokens first differ from float32's (once one token differs, the
   texts go separate ways, so the count of equal tokens after it says little).
-
-Writes bench/results/quantize.json (or --json FILE) and prints a markdown table.
 """
-from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, trained_checkpoint, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import math
 import statistics
 import tempfile
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from run_all import conditions_line
+from harness import TINYSHAKESPEARE, conditions_line, decode_kernel_off, in_turns, trained_checkpoint, trained_model
 
 import microtensor as mt
-import models.decode_kernel
-from models import checkpoint
 from models.data import Batches, load_text
-from models.gpt import GPT, GPTConfig
 from models.quantize import quantize_model, weight_bytes
 
-DEFAULT_JSON = ROOT / "bench" / "results" / "quantize.json"
 NEW_TOKENS = 200
-DEFAULT_REPEAT = 3
 EVAL_WINDOWS_PER_BATCH = 32
 
 
-def trained_model(args):
+def checkpoint_folder(args):
     """The checkpoint folder: --checkpoint, or one trained now (or earlier with the same command)."""
     if args.checkpoint:
         return Path(args.checkpoint)
@@ -59,14 +49,10 @@ def trained_model(args):
 
 def load(folder, bits=None, group_size=None):
     """The checkpoint's model in float32, or quantized to `bits`; and its tokenizer."""
-    model_state, _, meta = checkpoint.load(folder)
-    config = GPTConfig(**meta["config"])
-    model = GPT(config)
-    model.load_state_dict(model_state)
-    model.eval()
+    model, tokenizer, _ = trained_model(folder)
     if bits is not None:
         quantize_model(model, bits, group_size)
-    return model, checkpoint.tokenizer_of(meta, checkpoint.path_in(folder), config)
+    return model, tokenizer
 
 
 def val_loss(model, val_ids):
@@ -84,42 +70,29 @@ def val_loss(model, val_ids):
     return total / (windows * T), windows * T
 
 
-@contextmanager
-def module_path_only():
-    """Every one-token step through the modules: the decode kernel's test answers False meanwhile."""
-    original = models.decode_kernel.decode_kernel_fits
-    models.decode_kernel.decode_kernel_fits = lambda config: False
-    try:
-        yield
-    finally:
-        models.decode_kernel.decode_kernel_fits = original
-
-
 def generator(model, prompt, decode_kernel):
     def run():
         with mt.using_kernels("fast"):
             if decode_kernel:
                 return model.generate(prompt, NEW_TOKENS, temperature=0).data[0]
-            with module_path_only():
+            with decode_kernel_off():
                 return model.generate(prompt, NEW_TOKENS, temperature=0).data[0]
 
     return run
 
 
-def main():
-    p = parser(__doc__.splitlines()[0])
-    p.set_defaults(json=str(DEFAULT_JSON))
+def options(p):
     p.add_argument("--data", default=str(TINYSHAKESPEARE), help="text to train on and to take the validation split from")
     p.add_argument("--iters", type=int, default=500, help="training steps of the model")
     p.add_argument("--group-size", type=int, default=32, help="int4: input rows per scale")
     p.add_argument("--checkpoint", default=None, help="a folder with a train.py checkpoint to use instead of training")
     p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "microtensor-bench-quantize"), help="where the trained model is kept")
     p.add_argument("--retrain", action="store_true", help="train again even if the cache folder holds the model")
-    args = p.parse_args()
-    repeat = args.repeat or DEFAULT_REPEAT
-    info = machine_info()
-    print_machine(info)
-    folder = trained_model(args)
+
+
+def measure(args, machine):
+    repeat = args.repeat or 3
+    folder = checkpoint_folder(args)
 
     variants = {  # name: (bits, group_size)
         "float32": (None, None),
@@ -137,7 +110,7 @@ def main():
         loss, tokens = val_loss(model, val_ids)
         rows[name] = {"bits": variants[name][0] or 32, "group_size": variants[name][1], "weight_bytes": weight_bytes(model),
                       "val_loss": loss, "val_tokens": tokens, "bits_per_character": loss / math.log(2)}  # fmt: skip
-        console.print(f"{name}: val loss {loss:.4f} over {tokens} tokens")
+        print(f"{name}: val loss {loss:.4f} over {tokens} tokens")
 
     newline = tokenizer.encode("\n")
     prompt = mt.tensor(np.array([newline], dtype=np.int64))
@@ -148,12 +121,7 @@ def main():
         "int4, modules": generator(models_["int4"], prompt, decode_kernel=False),
     }
     tokens = {name: np.asarray(run()) for name, run in runs.items()}  # also the warm-up
-    times = {name: [] for name in runs}
-    for _ in range(repeat):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
+    times = in_turns(runs, repeat)
     reference = tokens["float32, decode kernel"]
     if not np.array_equal(tokens["float32, modules"], reference):
         raise SystemExit("bench_quantize: float32 generates different tokens through the modules and through the decode kernel")
@@ -171,13 +139,11 @@ def main():
         "checkpoint": folder.name, "iters": args.iters, "group_size": args.group_size, "new_tokens": NEW_TOKENS, "repeat": repeat,
         "models": rows, "generation": generation, "samples": sample,
     }  # fmt: skip
-    data = {"machine": info, "quantize": results}
-    show(data)
-    write_json(args.json, data)
+    return {"machine": machine, "quantize": results}
 
 
 def markdown(data):
-    """The tables of a run's JSON (the dict main() writes), and the conditions they ran under."""
+    """The tables of a run's JSON (the dict measure() returns), and the conditions they ran under."""
     results = data["quantize"]
     rows, generation = results["models"], results["generation"]
     float_bytes = rows["float32"]["weight_bytes"]["total"]
@@ -213,13 +179,3 @@ def markdown(data):
         lines.append(f"| {name} | {wb['codes']:,} | {wb['scales']:,} | {wb['float']:,} | {wb['total']:,} |")
     lines += ["", conditions_line(data["machine"])]
     return "\n".join(lines)
-
-
-def show(data):
-    print(f"\n{markdown(data)}\n")
-    for name, text in data["quantize"]["samples"].items():
-        console.print(f"{name}: {text!r}", highlight=False)
-
-
-if __name__ == "__main__":
-    main()

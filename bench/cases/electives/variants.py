@@ -1,6 +1,6 @@
 """The transformer variants, measured: what each costs and what it buys on tinyshakespeare.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_variants.py [--steps 600] [--seconds 60]
+    python bench/run.py variants [--steps 600] [--seconds 60] [--tables positions ...]
 
 Four tables, each from models trained here with the default recipe's shapes (4 layers, 4 heads,
 128 wide, batch 12, AdamW at 1e-3 with the cosine schedule of train.py) on the same batches:
@@ -11,16 +11,15 @@ Four tables, each from models trained here with the default recipe's shapes (4 l
   val loss, and each block's share of tokens per expert (utilization) at the end;
 - char against byte-level BPE (vocabulary 512) at equal training time: val loss in bits per
   character, which compares tokenizers (a BPE token covers about two characters).
-Writes bench/results/variants.json.
+
+--tables runs only some tables and keeps the others from the results file's last run.
 """
 import json
 import time
 from pathlib import Path
 
-from common import ROOT, TINYSHAKESPEARE, console, machine_info, parser, print_machine, write_json
-
 import numpy as np
-from run_all import conditions_line
+from harness import TINYSHAKESPEARE, conditions_line
 
 import microtensor as mt
 from microtensor import optim
@@ -90,7 +89,7 @@ def positions_table(batches, vocab_size, steps):
         at_context = val_loss(model, batches, 64)
         at_double = None if pos == "learned" else val_loss(model, batches, 128)
         rows.append({"pos": pos, "val_loss_64": at_context, "val_loss_128": at_double})
-        console.print(rows[-1])
+        print(rows[-1])
     return rows
 
 
@@ -109,7 +108,7 @@ def experts_table(batches, vocab_size, steps):
             counts = model.tokens_per_expert()  # (n_layer, E)
             row["share_per_expert"] = (counts / counts.sum(axis=1, keepdims=True)).round(3).tolist()
         rows.append(row)
-        console.print(row)
+        print(row)
     return rows
 
 
@@ -130,12 +129,12 @@ def tokenizer_table(text, seconds):
             "chars_per_token": characters / len(val), "train_seconds": seconds, "steps": steps,
             "val_loss_per_token": loss, "val_bits_per_char": bits_per_character(loss, len(val), characters),
         })  # fmt: skip
-        console.print(rows[-1])
+        print(rows[-1])
     return rows
 
 
 def markdown(results):
-    """The four tables of a run's JSON (the dict main() writes), and the conditions they ran under."""
+    """The four tables of a run's JSON (the dict measure() returns), and the conditions they ran under."""
     lines = ["| attention | n_kv_head | KV cache bytes per token (float32) | parameters |", "|---|---|---|---|"]
     lines += [f"| {r['attention']} | {r['n_kv_head']} | {r['bytes_per_token']:,} | {r['parameters']:,} |" for r in results["kv_cache"]]
     lines += ["", f"| positions ({results['steps']} steps at context 64) | val loss at 64 | val loss at 128 |", "|---|---|---|"]
@@ -160,16 +159,15 @@ def markdown(results):
     return "\n".join(lines)
 
 
-def main():
-    p = parser(__doc__.splitlines()[0])
+def options(p):
     p.add_argument("--steps", type=int, default=600, help="training steps per model for the positions and experts tables")
     p.add_argument("--seconds", type=float, default=60.0, help="training time per tokenizer")
     p.add_argument("--data", default=str(TINYSHAKESPEARE))
     p.add_argument("--tables", nargs="*", default=TABLES, choices=TABLES, help="run only these tables; the others are kept from the JSON file's last run")
-    args = p.parse_args()
-    path = Path(args.json or ROOT / "bench" / "results" / "variants.json")
-    info = machine_info()
-    print_machine(info)
+
+
+def measure(args, machine):
+    path = Path(args.json)
     text = open(args.data, encoding="utf-8").read()
     chars = CharTokenizer.from_text(text)
     batches = Batches(chars.encode(text, dtype=chars.id_dtype), RECIPE["block_size"])
@@ -186,10 +184,5 @@ def main():
     }
     for table in args.tables:
         results[table] = run[table]()
-        results["machines"][table] = info
-    console.print(markdown(results))
-    write_json(path, results)
-
-
-if __name__ == "__main__":
-    main()
+        results["machines"][table] = machine
+    return results

@@ -1,8 +1,6 @@
 """Standard against online (FlashAttention-style) attention, T = 64 to 4096: what each keeps for
 backward, the memory a forward+backward needs at its peak, and its time.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_attention.py [--json FILE]
-
 Causal self-attention of B = 1, H = 4 heads of D = 32, float32, forward then backward with a
 fixed upstream gradient. The fast kernel set at every T; the readable one too up to T = 512
 (its plain loops take seconds beyond). Per row:
@@ -14,10 +12,9 @@ fixed upstream gradient. The fast kernel set at every T; the readable one too up
   malloc set to give freed memory back, and the kernel's peak counter reset through
   /proc/self/clear_refs); "-" where that file cannot be written.
 - ms: the median time of one forward+backward, calls of the two ops alternating in blocks
-  (bench/common.py's `alternate`); their ratio (above 1: online is faster).
+  (bench/harness.py's `alternate`); their ratio (above 1: online is faster).
 
 --tile-sizes 32,64,128,256 adds, for the fast set, the online op's time at each tile size.
-The results go to bench/results/attention.json (or --json FILE); a markdown table is printed.
 """
 import gc
 import json
@@ -26,9 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from run_all import conditions_line
+from harness import HERE, alternate, conditions_line
 
-HERE = Path(__file__).resolve().parent
 B, H, D = 1, 4, 32
 T_VALUES = (64, 128, 256, 512, 1024, 2048, 4096)
 READABLE_MAX_T = 512
@@ -77,8 +73,7 @@ def status_kib(field):
 
 def measure_peak_in_this_process(op, kernels, T):
     """Bytes by which the resident memory peaks above its level before one forward+backward; None
-    where the peak counter cannot be reset. Run as a child: `--memory-child OP KERNELS T`."""
-    sys.path.insert(0, str(HERE.parent))
+    where the peak counter cannot be reset. Run as a child (see peak_rss_growth)."""
     import microtensor as mt
     from microtensor.fast.process import keep_freed_memory
 
@@ -99,12 +94,12 @@ def measure_peak_in_this_process(op, kernels, T):
 
 
 def peak_rss_growth(op, kernels, T):
-    command = [sys.executable, str(Path(__file__).resolve()), "--memory-child", op, kernels, str(T)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    command = [sys.executable, "-m", "cases.electives.attention", op, kernels, str(T)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=HERE)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-# --------------------------------------------------------------------------------- the parent
+# --------------------------------------------------------------------------------- the case
 
 
 def saved_bytes(fn, q, k, v):
@@ -120,7 +115,6 @@ def saved_bytes(fn, q, k, v):
 def time_ops(ops, T, kernels, repeat):
     """{name: median seconds of one forward+backward}, the ops' calls alternating in blocks."""
     import numpy as np
-    from common import alternate
 
     import microtensor as mt
 
@@ -139,7 +133,17 @@ def time_ops(ops, T, kernels, repeat):
     return {name: float(np.median(values)) for name, values in times.items()}
 
 
-def measure(args):
+def options(p):
+    p.add_argument("--max-t", type=int, default=max(T_VALUES), help="the largest T to measure")
+    p.add_argument("--tile-sizes", type=lambda s: [int(n) for n in s.split(",")], default=None, help="e.g. 32,64,128,256")
+
+
+def measure(args, machine):
+    print(f"causal attention, B = {B}, H = {H}, D = {D}, float32; forward+backward", flush=True)
+    return {"machine": machine, "shape": {"B": B, "H": H, "D": D, "dtype": "float32", "causal": True}, "rows": measure_rows(args)}
+
+
+def measure_rows(args):
     import microtensor as mt
 
     rows = []
@@ -199,7 +203,7 @@ def print_row(r):
 
 
 def markdown(data):
-    """The tables of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    """The tables of a run's JSON (the dict measure() returns), and the conditions it ran under."""
     rows, shape = data["rows"], data["shape"]
     lines = [f"Causal attention, B = {shape['B']}, H = {shape['H']}, D = {shape['D']}, {shape['dtype']}; forward+backward:", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if i != 1 else "---" for i in range(len(COLUMNS))) + "|"]
@@ -213,28 +217,5 @@ def markdown(data):
     return "\n".join(lines)
 
 
-def main():
-    from common import machine_info, parser, print_machine, write_json
-
-    p = parser(__doc__.splitlines()[0])
-    p.set_defaults(json=str(HERE / "results" / "attention.json"))
-    p.add_argument("--max-t", type=int, default=max(T_VALUES), help="the largest T to measure")
-    p.add_argument("--tile-sizes", type=lambda s: [int(n) for n in s.split(",")], default=None, help="e.g. 32,64,128,256")
-    args = p.parse_args()
-    info = machine_info()
-    print_machine(info)
-    print(f"causal attention, B = {B}, H = {H}, D = {D}, float32; forward+backward", flush=True)
-    data = {"machine": info, "shape": {"B": B, "H": H, "D": D, "dtype": "float32", "causal": True}, "rows": measure(args)}
-    print(markdown(data))
-    write_json(args.json, data)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--memory-child"]:
-        op, kernels, T = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        print(json.dumps(measure_peak_in_this_process(op, kernels, T)))
-    else:
-        sys.path.insert(0, str(HERE))
-        import common  # noqa: F401  (puts the checkout on sys.path and tunes the process, as every benchmark does)
-
-        main()
+if __name__ == "__main__":  # the peak-memory child: python -m cases.electives.attention OP KERNELS T
+    print(json.dumps(measure_peak_in_this_process(sys.argv[1], sys.argv[2], int(sys.argv[3]))))

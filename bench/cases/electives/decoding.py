@@ -1,6 +1,6 @@
 """Beam search and speculative decoding (models/beam.py, models/speculative.py) on a trained target and draft.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_decoding.py [--json FILE]
+    python bench/run.py decoding [--iters 500] [--repeat 3] [--retrain]
 
 Trains, with train.py in a subprocess, a target (the default recipe: 4 layers, 4 heads, 128 wide,
 block 64) and a small draft (1 layer, 4 heads, 64 wide, the same block and data, so the same
@@ -20,18 +20,14 @@ whose one-token steps are the decode kernel). Each time is the median of --repea
 greedy output; that is checked. The costs that decide the speed-up are measured too: one token of
 the target through the decode kernel, the target's forward of k + 1 tokens through the modules
 (how speculative decoding verifies), and one token of the draft.
-
-Writes bench/results/decoding.json (or --json FILE) and prints markdown tables.
 """
-from common import ROOT, TINYSHAKESPEARE, machine_info, parser, print_machine, trained_checkpoint, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from run_all import conditions_line
+from harness import TINYSHAKESPEARE, conditions_line, median_seconds, trained_checkpoint, trained_model
 
 import microtensor as mt
 from models import checkpoint
@@ -41,7 +37,6 @@ from models.gpt import GPT, GPTConfig
 from models.sampling import log_softmax
 from models.speculative import speculative_generate
 
-DEFAULT_JSON = ROOT / "bench" / "results" / "decoding.json"
 TARGET_FLAGS = []  # the default recipe
 DRAFT_FLAGS = ["--n-layer", "1", "--n-head", "4", "--n-embd", "64"]
 BEAM_WIDTHS = (1, 2, 4, 8)
@@ -50,16 +45,6 @@ SPECULATE = (2, 4, 6)
 TEMPERATURES = (0.0, 0.8)
 PROMPTS = 6
 PROMPT_CHARS = 8
-DEFAULT_REPEAT = 3
-
-
-def load(folder):
-    model_state, _, meta = checkpoint.load(folder)
-    config = GPTConfig(**meta["config"])
-    model = GPT(config)
-    model.load_state_dict(model_state)
-    model.eval()
-    return model, checkpoint.tokenizer_of(meta, checkpoint.path_in(folder), config), meta
 
 
 def val_prompts(text, tokenizer):
@@ -149,16 +134,6 @@ def measure_speculative(target, draft, prompts, repeat):
     return rows
 
 
-def median_seconds(fn, repeat=50):
-    fn()
-    runs = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs)
-
-
 def measure_costs(target, draft, prompt):
     """Seconds of the pieces of one round: a token of the target through the decode kernel (what
     the target alone pays per token), the target's forward of k + 1 tokens through the modules over
@@ -175,7 +150,7 @@ def measure_costs(target, draft, prompt):
                 cache.rollback(longer.shape[1] - 1)
                 cache.feed(longer)
 
-            costs[f"{name}_one_token_decode_kernel_s"] = median_seconds(one_token)
+            costs[f"{name}_one_token_decode_kernel_s"] = median_seconds(one_token, 50, warmup=1)[0]
         cache = Decoder(target, 1, len(prompt))
         sequence = np.array([prompt])
         cache.feed(sequence)
@@ -186,12 +161,43 @@ def measure_costs(target, draft, prompt):
                 cache.rollback(longer.shape[1] - k - 1)
                 cache.feed(longer)
 
-            costs[f"target_forward_{k + 1}_tokens_modules_s"] = median_seconds(verify)
+            costs[f"target_forward_{k + 1}_tokens_modules_s"] = median_seconds(verify, 50, warmup=1)[0]
     return costs
 
 
+def options(p):
+    p.add_argument("--data", default=str(TINYSHAKESPEARE), help="text to train both models on")
+    p.add_argument("--iters", type=int, default=500, help="training steps of each model")
+    p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "microtensor-bench-decoding"), help="where the trained models are kept")
+    p.add_argument("--retrain", action="store_true", help="train both models again even if the cache folder has them")
+
+
+def measure(args, machine):
+    repeat = args.repeat or 3
+    target_dir = trained_checkpoint(Path(args.cache_dir) / "target", args.data, args.iters, TARGET_FLAGS, args.retrain)
+    draft_dir = trained_checkpoint(Path(args.cache_dir) / "draft", args.data, args.iters, DRAFT_FLAGS, args.retrain)
+    target, tokenizer, target_meta = trained_model(target_dir)
+    draft, draft_tokenizer, draft_meta = trained_model(draft_dir)
+    if tokenizer.chars != draft_tokenizer.chars:
+        raise SystemExit("the target and the draft have different vocabularies")
+    text = Path(args.data).read_bytes().decode("utf-8")
+    prompts = val_prompts(text, tokenizer)
+    with mt.using_kernels("fast"):
+        beams = measure_beams(target, prompts)
+        speculative = measure_speculative(target, draft, prompts, repeat)
+        costs = measure_costs(target, draft, prompts[0])
+    settings = {
+        "data": Path(args.data).name, "iters": args.iters, "target_flags": TARGET_FLAGS, "draft_flags": DRAFT_FLAGS,
+        "target_config": target_meta["config"], "draft_config": draft_meta["config"],
+        "target_best_val_loss": target_meta.get("best_val"), "draft_best_val_loss": draft_meta.get("best_val"),
+        "beam_tokens": BEAM_TOKENS, "speculative_tokens": target.config.block_size - PROMPT_CHARS, "prompts": PROMPTS, "prompt_chars": PROMPT_CHARS,
+        "repeat": repeat, "kernels": "fast",
+    }  # fmt: skip
+    return {"machine": machine, "settings": settings, "beam_search": beams, "speculative": speculative, "costs": costs}
+
+
 def markdown(data):
-    """The three tables of a run's JSON (the dict main() writes), and the conditions they ran under."""
+    """The three tables of a run's JSON (the dict measure() returns), and the conditions they ran under."""
     settings = data["settings"]
     lines = [
         f"Beam search: summed log-probability of {settings['beam_tokens']} new tokens, mean over {settings['prompts']} validation prompts:",
@@ -225,44 +231,3 @@ def markdown(data):
         lines.append(f"| {name.removesuffix('_s').replace('_', ' ')} | {seconds * 1e6:,.0f} |")
     lines += ["", conditions_line(data["machine"], settings.get("load_average_1min_before_after"))]
     return "\n".join(lines)
-
-
-def main():
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(TINYSHAKESPEARE), help="text to train both models on")
-    p.add_argument("--iters", type=int, default=500, help="training steps of each model")
-    p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "microtensor-bench-decoding"), help="where the trained models are kept")
-    p.add_argument("--retrain", action="store_true", help="train both models again even if the cache folder has them")
-    args = p.parse_args()
-    repeat = args.repeat or DEFAULT_REPEAT
-    info = machine_info()
-    print_machine(info)
-    target_dir = trained_checkpoint(Path(args.cache_dir) / "target", args.data, args.iters, TARGET_FLAGS, args.retrain)
-    draft_dir = trained_checkpoint(Path(args.cache_dir) / "draft", args.data, args.iters, DRAFT_FLAGS, args.retrain)
-    target, tokenizer, target_meta = load(target_dir)
-    draft, draft_tokenizer, draft_meta = load(draft_dir)
-    if tokenizer.chars != draft_tokenizer.chars:
-        raise SystemExit("the target and the draft have different vocabularies")
-    text = Path(args.data).read_bytes().decode("utf-8")
-    prompts = val_prompts(text, tokenizer)
-    load_before = os.getloadavg()
-    with mt.using_kernels("fast"):
-        beams = measure_beams(target, prompts)
-        speculative = measure_speculative(target, draft, prompts, repeat)
-        costs = measure_costs(target, draft, prompts[0])
-    settings = {
-        "data": Path(args.data).name, "iters": args.iters, "target_flags": TARGET_FLAGS, "draft_flags": DRAFT_FLAGS,
-        "target_config": target_meta["config"], "draft_config": draft_meta["config"],
-        "target_best_val_loss": target_meta.get("best_val"), "draft_best_val_loss": draft_meta.get("best_val"),
-        "beam_tokens": BEAM_TOKENS, "speculative_tokens": target.config.block_size - PROMPT_CHARS, "prompts": PROMPTS, "prompt_chars": PROMPT_CHARS,
-        "repeat": repeat, "kernels": "fast",
-        # other processes on the machine slow Python and threads alike: the load says how busy it was
-        "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
-    }  # fmt: skip
-    data = {"machine": info, "settings": settings, "beam_search": beams, "speculative": speculative, "costs": costs}
-    print(f"\n{markdown(data)}\n")
-    write_json(args.json or DEFAULT_JSON, data)
-
-
-if __name__ == "__main__":
-    main()

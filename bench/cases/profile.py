@@ -1,22 +1,17 @@
 """Where a training step's time goes: each Function's forward and backward, per step.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/profile_step.py [--steps 40] [--kernels fast] [--json FILE]
-
 Every Function subclass's forward and backward is wrapped in a timer for the length of the run
 (nothing in microtensor itself changes), the default recipe trains for --steps steps after a
 warm-up with the kernel set --kernels, and a table gives, per Function, milliseconds per step,
 calls per step and µs per call, largest first. What no Function accounts for (the backward walk,
 gradient accumulation, Python between ops, the optimizer's own kernels) is the difference between
-the step and the sum of the rows: the last row, "everything else". bench/run_all.py puts the
-table in bench/README.md.
+the step and the sum of the rows: the row "everything else".
 """
-from common import console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import statistics
 import time
 from collections import defaultdict
 
 import numpy as np
-from rich.table import Table
 
 import microtensor as mt
 from microtensor import optim
@@ -66,11 +61,17 @@ class FunctionTimers:
         self.calls.clear()
 
 
-def profile(steps, warmup, kernels="fast"):
-    with mt.using_kernels(kernels):
-        results = _profile(steps, warmup)
-    results["kernels"] = kernels
-    return results
+def options(p):
+    p.add_argument("--steps", type=int, default=40, help="timed training steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
+    p.add_argument("--kernels", choices=mt.kernels.KERNEL_SETS, default="fast", help="the kernel set to profile")
+
+
+def measure(args, machine):
+    with mt.using_kernels(args.kernels):
+        results = _profile(args.steps, args.warmup)
+    results["kernels"] = args.kernels
+    return {"machine": machine, "profile": results}
 
 
 def _profile(steps, warmup):
@@ -112,36 +113,28 @@ def _profile(steps, warmup):
     return {"steps": steps, "phases_ms": phases_ms, "mean_step_ms": mean_step_ms, "outside_functions_ms": outside, "functions": rows}
 
 
-def show(results):
-    phases = results["phases_ms"]
-    console.print(
-        f"median step {phases['step']:.2f} ms: forward {phases['forward']:.2f}, backward {phases['backward']:.2f}, "
-        f"optimizer {phases['optimizer']:.2f} (timers add a few µs a call)"
-    )
-    table = Table(title=f"time per training step by Function, default recipe, {results['kernels']} kernels, {results['steps']} steps")
-    for column in ("Function", "phase", "ms / step", "calls / step", "µs / call"):
-        table.add_column(column, justify="left" if column in ("Function", "phase") else "right")
-    for row in results["functions"]:
-        table.add_row(row["function"], row["phase"], f"{row['ms_per_step']:.2f}", f"{row['calls_per_step']:.0f}", f"{row['us_per_call']:.0f}")
-    total = sum(row["ms_per_step"] for row in results["functions"])
-    table.add_row("all Functions", "", f"{total:.2f}", "", "")
-    table.add_row("everything else", "", f"{results['outside_functions_ms']:.2f}", "", "")
-    table.add_row("the step (mean)", "", f"{results['mean_step_ms']:.2f}", "", "")
-    console.print(table)
-
-
-def main():
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=40, help="timed training steps")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
-    p.add_argument("--kernels", choices=mt.kernels.KERNEL_SETS, default="fast", help="the kernel set to profile")
-    args = p.parse_args()
-    info = machine_info()
-    print_machine(info)
-    results = profile(args.steps, args.warmup, args.kernels)
-    show(results)
-    write_json(args.json, {"machine": info, "profile": results})
-
-
-if __name__ == "__main__":
-    main()
+def sections(data, top=12):
+    p = data["profile"]
+    phases = p["phases_ms"]
+    lines = [
+        f"`python bench/run.py profile`: each Function's forward and backward timed over {p['steps']} steps of the default "
+        f"recipe with the {p.get('kernels', 'fast')} kernels (the timers add a little to each call). Median step "
+        f"{phases['step']:.1f} ms: forward {phases['forward']:.1f}, backward {phases['backward']:.1f}, optimizer "
+        f"{phases['optimizer']:.1f}.",
+        "",
+        "| Function | phase | ms / step | calls / step | µs / call |",
+        "|---|---|---:|---:|---:|",
+    ]
+    rows = p["functions"]
+    for row in rows[:top]:
+        lines.append(
+            f"| {row['function']} | {row['phase']} | {row['ms_per_step']:.2f} | {row['calls_per_step']:.0f} | {row['us_per_call']:.0f} |"
+        )
+    rest = rows[top:]
+    if rest:
+        lines.append(f"| {len(rest)} more rows | | {sum(r['ms_per_step'] for r in rest):.2f} | | |")
+    lines.append(f"| all Functions | | {sum(r['ms_per_step'] for r in rows):.2f} | | |")
+    if "outside_functions_ms" in p:
+        lines.append(f"| everything else (the backward walk, Python between ops, the optimizer's loop) | | {p['outside_functions_ms']:.2f} | | |")
+        lines.append(f"| the step (mean) | | {p['mean_step_ms']:.2f} | | |")
+    return [("Where a step's time goes", lines)]

@@ -2,14 +2,14 @@
 a second text with LoRA (ranks 4 and 8) and with every weight, and report the parameters trained,
 the loss on the second text before and after, the time and the checkpoint's size.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_lora.py [--base-iters 500] [--iters 200]
+    python bench/run.py lora [--base-iters 500] [--iters 200] [--ranks 4,8]
 
 The base: train.py's default recipe (a character-level GPT, 4 layers, 128 wide) for --base-iters
 steps on tinyshakespeare (the cosine decay ends at the last step). The second text: this project's
 own documentation, docs/*.md and docs/ops/*.md joined in sorted order: English prose about
 autodiff with formulas, far from Shakespeare. Its characters must be in the base's character
 vocabulary, which tinyshakespeare's 65 characters are not all of (digits, brackets, `, _, |, ∂, ...):
-each such character is replaced by a space, and the script says how many were. Every fine-tuning
+each such character is replaced by a space, and the case says how many were. Every fine-tuning
 run uses the same recipe (learning rate 1e-3 with warmup and cosine decay over --iters steps, the
 default batch), alpha = rank, and the default targets c_attn,c_proj; each starts from the same
 base, so the loss before is the same for every one (one number: a check).
@@ -17,17 +17,14 @@ base, so the loss before is the same for every one (one number: a check).
 Then one training step (forward, backward, AdamW's update) of each method, timed alternately in
 one process (medians of --repeat steps, after warm-up): the runs above are long and a shared
 machine's load moves during them, so their own times compare the methods less well.
-
-Writes bench/results/lora.json (or --json FILE) and prints a markdown table.
 """
-from common import ROOT, TINYSHAKESPEARE, alternate, console, machine_info, parser, print_machine, write_json  # isort: skip  (before models: it puts the checkout on sys.path, and tunes the process)
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from run_all import conditions_line
+from harness import ROOT, TINYSHAKESPEARE, alternate, conditions_line
 
 import microtensor as mt
 import train
@@ -77,7 +74,7 @@ def step_times(base_dir, ranks, repeat):
 
 
 def markdown(data):
-    """The table of a run's JSON (the dict main() writes), and the conditions it ran under."""
+    """The table of a run's JSON (the dict measure() returns), and the conditions it ran under."""
     summary = data["lora"]
     base, second = summary["base"], summary["second_text"]
     lines = [
@@ -100,16 +97,14 @@ def markdown(data):
     return "\n".join(lines)
 
 
-def main():
-    p = parser(__doc__.splitlines()[0])
+def options(p):
     p.add_argument("--data", default=str(TINYSHAKESPEARE), help="the base's text")
     p.add_argument("--base-iters", type=int, default=500, help="steps of the base's training")
     p.add_argument("--iters", type=int, default=200, help="steps of each fine-tuning")
     p.add_argument("--ranks", default="4,8", help="LoRA ranks to compare, comma-separated")
-    p.set_defaults(json=str(ROOT / "bench" / "results" / "lora.json"))
-    args = p.parse_args()
-    info = machine_info()
-    print_machine(info)
+
+
+def measure(args, machine):
     quiet = ["--sample-chars", "0", "--eval-iters", "20"]
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
@@ -122,7 +117,7 @@ def main():
         text, replaced = second_text(set(vocabulary))
         text_path = folder / "docs.txt"
         text_path.write_text(text, encoding="utf-8")
-        console.print(f"second text: {len(DOCS)} files of docs/, {len(text):,} characters, {replaced:,} ({100 * replaced / len(text):.1f}%) replaced by a space")
+        print(f"second text: {len(DOCS)} files of docs/, {len(text):,} characters, {replaced:,} ({100 * replaced / len(text):.1f}%) replaced by a space")
         ranks = args.ranks.split(",")
         methods = [(f"LoRA r={rank}", ["--lora-rank", rank]) for rank in ranks] + [("full fine-tuning", [])]
         rows = []
@@ -149,10 +144,4 @@ def main():
         "fine_tuning_steps": args.iters,
         "runs": rows,
     }  # fmt: skip
-    data = {"machine": info, "lora": summary}
-    print(markdown(data))  # plain print: a markdown table must not be wrapped to the terminal's width
-    write_json(args.json, data)
-
-
-if __name__ == "__main__":
-    main()
+    return {"machine": machine, "lora": summary}

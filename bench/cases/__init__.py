@@ -1,0 +1,49 @@
+"""The table of cases: what bench/run.py measures, one small module per case. The core cases measure
+the default GPT (its training step, ops, generation, start-up, convergence); the electives, in
+electives/, measure the techniques of docs/ (each has its section in bench/README.md).
+
+A case module says only what to build and measure and how to render it (bench/harness.py runs it):
+
+    options(parser)          its own flags, if any
+    measure(args, machine)   the results, a dict written to bench/results/NAME.json
+                             (`machine` is the harness's record of the conditions: keep it in)
+    result_rows(data)        core: its rows of the README's Results table
+    sections(data)           core: [(title, lines)], its own README sections
+    noise_lines(data)        core: what it measured of the run's noise ("How much a run moves")
+    markdown(data)           elective: its README section
+"""
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # its results are bench/results/NAME.json; `python bench/run.py NAME` runs it
+    module_name: str
+    title: str = None  # an elective's README section
+    doc: str = None  # the docs page that explains an elective's technique
+
+    @property
+    def elective(self):
+        return self.title is not None
+
+    def module(self):
+        return importlib.import_module(f"cases.{self.module_name}")
+
+
+CASES = [
+    Case("train", "train"),
+    Case("ops", "ops"),
+    Case("profile", "profile"),
+    Case("generate", "generate"),
+    Case("startup", "startup"),
+    Case("convergence", "convergence"),
+    Case("attention", "electives.attention", "Online-softmax attention against the standard kernel", "docs/online-attention.md"),
+    Case("variants", "electives.variants", "GQA, positions, experts and tokenizers, trained", "docs/positions.md"),
+    Case("decode_variants", "electives.decode_variants", "Generation's one-token kernel for each variant", "docs/grouped-query-attention.md"),
+    Case("tokenizer", "electives.tokenizer", "Training and running the BPE tokenizer", "docs/bpe.md"),
+    Case("decoding", "electives.decoding", "Beam search and speculative decoding", "docs/speculative-decoding.md"),
+    Case("quantize", "electives.quantize", "int8 and int4 weights", "docs/quantization.md"),
+    Case("lora", "electives.lora", "LoRA fine-tuning", "docs/lora.md"),
+]
+BY_NAME = {case.name: case for case in CASES}

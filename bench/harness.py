@@ -1,0 +1,418 @@
+"""The benchmark harness: what every case shares. A case (bench/cases/) says what to build, what to
+measure and how to render its table; this module does the rest:
+
+- the process: each case runs in a process of its own (bench/run.py starts it), tuned as train.py
+  tunes itself (`tune_process`), and PyTorch in another one (`TorchProcess`, bench/torch_side.py);
+- timing: a figure is the median of many timed calls after warm-up, and a comparison is a ratio
+  measured at the same time, in blocks of calls that alternate between the two sides (`alternate`);
+- the conditions: the machine, its CPU model and vector ISA, the versions and the load average
+  before and after the run, recorded in every result (`machine_info`);
+- the results: bench/results/NAME.json per case, and bench/README.md built from them (`report`).
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# The corpus the benchmarks train on: kept beside the checkout, never inside it.
+TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+RESULTS = HERE / "results"
+VECTOR_ISAS = ("avx2", "avx512f", "neon")
+# Two OpenBLAS settings some shared machines set and laptops do not; they slow numpy's BLAS.
+SLOWING_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if str(ROOT) not in sys.path:  # the cases import microtensor and models from the checkout, installed or not
+    sys.path.insert(0, str(ROOT))
+
+# The environment before tune_process adds its settings: PyTorch's process gets this one.
+ENVIRONMENT_BEFORE_TUNING = dict(os.environ)
+TUNED = {}  # {setting: value} that tune_process applied, recorded with the machine
+
+
+def tune_process():
+    """Tune this process as train.py does (malloc, OpenMP spin), so that what is measured is what
+    training runs. Called once, before a case imports anything that starts threads."""
+    import microtensor.fast.process
+
+    ENVIRONMENT_BEFORE_TUNING.clear()
+    ENVIRONMENT_BEFORE_TUNING.update(os.environ)
+    TUNED.update(microtensor.fast.process.tune_for_training())
+
+
+# --------------------------------------------------------------------------------- the PyTorch side
+
+
+class TorchProcess:
+    """The PyTorch side of a case: bench/torch_side.py in a process of its own (see there why),
+    asked for setups and timings one JSON line at a time."""
+
+    def __init__(self):
+        script = HERE / "torch_side.py"
+        self.process = subprocess.Popen(
+            [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=ENVIRONMENT_BEFORE_TUNING, cwd=str(HERE),
+        )  # fmt: skip
+        self.hello = json.loads(self.process.stdout.readline())
+
+    def ask(self, **request):
+        self.process.stdin.write(json.dumps(request, default=_jsonable) + "\n")
+        self.process.stdin.flush()
+        reply = json.loads(self.process.stdout.readline())
+        if "error" in reply:
+            raise RuntimeError(f"PyTorch side failed on {request}: {reply['error']}")
+        return reply["ok"]
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def _jsonable(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value.item()
+
+
+def start_torch(args):
+    """A TorchProcess when PyTorch is installed (and not --no-torch), else None: the case then
+    measures microtensor alone."""
+    if args.no_torch or importlib.util.find_spec("torch") is None:
+        return None
+    return TorchProcess()
+
+
+def float_inputs(seed, shapes):
+    """float32 standard-normal arrays of these shapes: the same in both processes for one seed."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+
+def integer_inputs(seed, high, shape):
+    """Integer ids in [0, high): the same in both processes for one seed."""
+    return np.random.default_rng(seed).integers(0, high, shape)
+
+
+def random_batch(rng, batch_size, block_size, vocab_size):
+    """Inputs and next-token targets (B, T), from the generator's next draw."""
+    x = rng.integers(0, vocab_size, (batch_size, block_size + 1))
+    return np.ascontiguousarray(x[:, :-1]), np.ascontiguousarray(x[:, 1:])
+
+
+# --------------------------------------------------------------------------------- timing
+
+
+def alternate(local, remote, torch_process, calls, block=5, warmup=3):
+    """Timings of many calls of each function, in blocks of `block` calls that alternate between
+    the functions, so that a noisy neighbour slows all of them alike.
+
+    local: {name: fn} run here; remote: {name: the name of a timed function in torch_process}.
+    A function that returns a tuple (its own phase timings) is recorded by that tuple, any other by
+    the seconds it took. Returns {name: [one entry per call]}.
+
+    The first call of each block is run but not recorded: after its last call each library's
+    idle threads keep spinning for a while (OpenMP's spin count) and take a core from the other
+    library's first call; and that first call wakes its own threads. (Sleeping between blocks until
+    they stop is no better: on a shared host, a core left idle may take long to come back.)
+    """
+    for fn in local.values():
+        for _ in range(warmup):
+            fn()
+    for remote_name in remote.values():
+        torch_process.ask(time=remote_name, n=warmup)
+    times = {name: [] for name in [*local, *remote]}
+    for _ in range(max(1, calls // block)):
+        for name, fn in local.items():
+            fn()
+            for _ in range(block):
+                start = time.perf_counter()
+                phases = fn()
+                times[name].append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
+        for name, remote_name in remote.items():
+            times[name] += torch_process.ask(time=remote_name, n=block + 1)[1:]
+    return times
+
+
+def in_turns(runs, repeat):
+    """{name: [seconds of each call]} of `repeat` rounds, each round one call of every run in turn:
+    for runs long enough that one call is a measure (a whole generation)."""
+    times = {name: [] for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_seconds(fn, repeat, warmup=0):
+    """(median seconds of `repeat` calls of fn after `warmup` untimed ones, fn's last result)."""
+    for _ in range(warmup):
+        fn()
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def ratio(theirs, ours):
+    """How many times faster microtensor is (PyTorch time / microtensor time); None without torch."""
+    if theirs is None or ours is None or ours == 0:
+        return None
+    return theirs / ours
+
+
+def blocks(values, block):
+    """values cut into consecutive blocks of `block` (as `alternate` records them)."""
+    return [values[i : i + block] for i in range(0, len(values) - block + 1, block)]
+
+
+def block_ratios(theirs, ours, block):
+    """PyTorch's median over microtensor's, block by block: how the ratio moved during the run."""
+    return [statistics.median(t) / statistics.median(o) for t, o in zip(blocks(theirs, block), blocks(ours, block))]
+
+
+def spread(values):
+    """{"min", "median", "max"} of values, or None when there are none."""
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+# --------------------------------------------------------------------------------- models the cases share
+
+
+def trained_checkpoint(folder, data, iters, flags=(), retrain=False):
+    """`folder`, holding a model trained by train.py for `iters` steps on `data` with `flags`:
+    trained now, unless the folder holds one trained by exactly the same command (retrain=False)."""
+    from models import checkpoint
+
+    folder = Path(folder)
+    command = [
+        sys.executable, str(ROOT / "train.py"), "--data", str(data), "--out-dir", str(folder), "--max-iters", str(iters),
+        "--lr-decay-iters", str(iters), "--eval-interval", str(iters), "--sample-chars", "0", *flags,
+    ]  # fmt: skip
+    record = folder / "bench-command.json"
+    if not retrain and record.exists() and json.loads(record.read_text()) == command[1:] and checkpoint.path_in(folder).exists():
+        print(f"reusing the model trained in {folder}")
+        return folder
+    print(f"training: {' '.join(command[1:])}", flush=True)
+    started = time.perf_counter()
+    subprocess.run([*command, "--force"], check=True, cwd=ROOT)
+    record.write_text(json.dumps(command[1:]))
+    print(f"trained in {time.perf_counter() - started:.0f} s")
+    return folder
+
+
+def trained_model(folder):
+    """(model in eval mode, tokenizer, meta) of the checkpoint in `folder`."""
+    from models import checkpoint
+
+    model, tokenizer, meta = checkpoint.load_model(folder)
+    model.eval()
+    return model, tokenizer, meta
+
+
+@contextmanager
+def decode_kernel_off():
+    """Every one-token step of generation through the modules: the fast set's decode kernel is
+    asked whether it fits the model, and answers no meanwhile."""
+    import models.decode_kernel
+
+    original = models.decode_kernel.decode_kernel_fits
+    models.decode_kernel.decode_kernel_fits = lambda config: False
+    try:
+        yield
+    finally:
+        models.decode_kernel.decode_kernel_fits = original
+
+
+# --------------------------------------------------------------------------------- the conditions
+
+
+def machine_info():
+    import numba
+
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": _cpuinfo("model name") or platform.processor() or "unknown",
+        "isa": vector_isa(),
+        "cores": os.cpu_count(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+        "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE", "(unset)"),
+        "tuned": ", ".join(f"{key}={value}" for key, value in TUNED.items()) or "(nothing)",
+    }
+    try:
+        info["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        info["torch"] = "(not installed)"
+    return info
+
+
+def _cpuinfo(field):
+    """The first value of `field` in /proc/cpuinfo, or None (no such file or field)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def vector_isa():
+    """The vector instruction sets among VECTOR_ISAS that the CPU has ("avx2, avx512f"), from
+    /proc/cpuinfo's flags (x86) or Features (ARM, where NEON is called asimd)."""
+    flags = set((_cpuinfo("flags") or _cpuinfo("Features") or "").split())
+    if "asimd" in flags:
+        flags.add("neon")
+    found = [isa for isa in VECTOR_ISAS if isa in flags]
+    return ", ".join(found) if found else f"none of {', '.join(VECTOR_ISAS)}"
+
+
+def cpu_text(machine):
+    """The CPU model and its vector ISA, for results that did not record the ISA too."""
+    return f"{machine['processor']} (vector ISA: {machine.get('isa', 'not recorded')})"
+
+
+def conditions_line(machine, load=None):
+    """The line under a case's tables: when and on what it was measured, from the "machine" it
+    recorded, and the load average (1 minute; before and after) where it was recorded."""
+    parts = [cpu_text(machine), f"{machine['cores']} cores", f"numpy {machine['numpy']}", f"numba {machine['numba']}"]
+    if machine.get("torch", "(not installed)") != "(not installed)":
+        parts.append(f"PyTorch {machine['torch']}")
+    load = load or machine.get("load_average_1min_before_after")
+    if load:
+        parts.append(f"load average {load[0]:.1f} before, {load[1]:.1f} after")
+    return f"Measured on {machine['date']}: {', '.join(parts)}."
+
+
+def machine_line(machine):
+    """One line about the machine and the software, for the Results table."""
+    when = f"Measured on {machine['date']}" if "date" in machine else "Measured"
+    blas = ", ".join(f"{v}={machine[v]}" for v in SLOWING_VARIABLES if machine.get(v, "(unset)") != "(unset)") or "neither OpenBLAS variable set"
+    tuned = f"; process tuned: {machine['tuned']}" if "tuned" in machine else ""
+    return (
+        f"{when} on: {cpu_text(machine)}, {machine['cores']} cores ({machine['platform']}); Python {machine['python']}, "
+        f"numpy {machine['numpy']}, numba {machine['numba']} ({machine['numba_threads']} threads), PyTorch {machine['torch']}; {blas}{tuned}."
+    )
+
+
+# --------------------------------------------------------------------------------- formatting
+
+
+def x(value):
+    """A ratio, "1.23×", or "-" where there is none."""
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def number(value, format_spec):
+    return "-" if value is None else format(value, format_spec)
+
+
+def over_blocks(spread):
+    """A ratio's range over the alternating blocks, from a {"min", "median", "max"} (or None)."""
+    return "" if not spread else f"{spread['min']:.2f}-{spread['max']:.2f}×"
+
+
+# --------------------------------------------------------------------------------- running one case
+
+
+def case_parser(case, module):
+    p = argparse.ArgumentParser(prog=f"bench/run.py {case.name}", description=module.__doc__.splitlines()[0])
+    p.add_argument("--json", metavar="FILE", default=str(RESULTS / f"{case.name}.json"), help="where to write the results (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=None, help="timed repeats per measurement (default: per case)")
+    p.add_argument("--no-torch", action="store_true", help="measure microtensor alone, even where PyTorch is installed")
+    if hasattr(module, "options"):
+        module.options(p)
+    return p
+
+
+def run_case(case, argv):
+    """Run one case in this process: parse its flags, measure, print its tables, write its JSON."""
+    module = case.module()
+    args = case_parser(case, module).parse_args(argv)
+    tune_process()
+    machine = machine_info()
+    print("machine: " + "; ".join(f"{key} {value}" for key, value in machine.items()), flush=True)
+    before = os.getloadavg()[0]
+    data = module.measure(args, machine)
+    machine["load_average_1min_before_after"] = [before, os.getloadavg()[0]]
+    print("\n" + "\n".join(case_lines(case, module, data)) + "\n")  # plain print: markdown must not be wrapped
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(data, indent=2, default=float))
+    print(f"wrote {args.json}")
+
+
+def part(module, name, data):
+    """A case's rendering `name` (result_rows, noise_lines, sections) of data; [] where it has none."""
+    return list(getattr(module, name, lambda data: [])(data))
+
+
+def case_lines(case, module, data):
+    """Everything a case renders of its data: its Results rows, its sections, its markdown."""
+    lines = part(module, "result_rows", data) + part(module, "noise_lines", data)
+    for title, section in part(module, "sections", data):
+        lines += ["", f"## {title}", "", *section]
+    if hasattr(module, "markdown"):
+        lines.append(module.markdown(data))
+    return lines
+
+
+# --------------------------------------------------------------------------------- bench/README.md
+
+
+def load(out, name):
+    path = Path(out) / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def report(out, cases, header, notes):
+    """bench/README.md's text (markdown) from the JSON files in `out`: the header, the Results table
+    (the core cases' rows), the core cases' sections, then each elective case's section."""
+    core = [(case.module(), load(out, case.name), load(out, f"{case.name}_default_env")) for case in cases if not case.elective]
+    measured = [(module, data) for module, data, _ in core if data]
+    rows = []
+    for module, data, rerun in core:
+        rows += part(module, "result_rows", data) if data else []
+        rows += module.default_environment_rows(rerun) if rerun else []
+    sections = [header, "## Results\n"]
+    if rows:
+        table = ["| measure | microtensor | PyTorch | ratio | over blocks | target |", "|---|---:|---:|---:|---:|---|", *rows]
+        sections.append("\n".join(table) + "\n")
+        machine = next((data["machine"] for _, data in measured if "machine" in data), None)
+        if machine:
+            sections.append(machine_line(machine) + "\n")
+        noise = [line for module, data in measured for line in part(module, "noise_lines", data)]
+        sections.append("## How much a run moves\n")
+        sections.append(notes + ("\n" + "\n".join(noise) + "\n" if noise else ""))
+    else:
+        sections.append(f"No results yet in {out}: run `python bench/run.py`.\n")
+    for module, data in measured:
+        for title, lines in part(module, "sections", data):
+            sections += [f"## {title}\n", "\n".join(lines) + "\n"]
+    for case in cases:
+        data = load(out, case.name) if case.elective else None
+        if data:
+            # Formatted from the numbers now, not from text stored with them: --report-only then
+            # shows a change of format without measuring again.
+            sections.append(f"## {case.title}\n")
+            sections.append(f"From `python bench/run.py {case.name}` ({case.doc} explains it).\n")
+            sections.append(case.module().markdown(data).rstrip() + "\n")
+    return "\n".join(sections)
