@@ -29,7 +29,7 @@ def fast_twin_of(readable_kernel):
 # Functions whose registry cases run in the slow suite only (CI runs it too): each new shape of
 # the packed multi-head online attention compiles its two large kernels again (size-1 sides change
 # the arrays' contiguity flags), which alone would cost a minute of the default run; the default
-# run still checks it through tests/test_online_attention.py and the GPT with attention="online".
+# run still checks it through tests/electives/test_online_attention.py and the GPT with attention="online".
 SLOW_REGISTRY_CASES = {"MultiHeadOnlineAttention"}
 
 
@@ -40,3 +40,37 @@ def rewrite_checkpoint(folder, change):
         arrays = {name: archive[name] for name in archive.files}
     change(arrays)
     np.savez(path, **arrays)
+
+
+# The norms' kernels, readable against fast (tests/ops/test_layer_norm.py, tests/electives/test_rms_norm.py).
+
+
+def norm_problem(dtype, seed=0):
+    """Rows as a GPT meets them (37 rows of 130, a width that is no multiple of a vector's), a
+    weight and a bias, an upstream gradient, and the float's eps."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((37, 130)) * 2 + 0.5
+    x[3] += 100.0  # a large mean: the centering must cancel it
+    w, b, g = rng.uniform(0.5, 1.5, 130), rng.standard_normal(130), rng.standard_normal((37, 130))
+    return x.astype(dtype), w.astype(dtype), b.astype(dtype), g.astype(dtype)
+
+
+def kernel_pair(readable_kernel):
+    """(the readable kernel, the fast set's kernel), skipping the test without the JIT."""
+    if numba.config.DISABLE_JIT:
+        pytest.skip("the fast kernels need Numba's compiler")
+    with mt.using_kernels("fast"):
+        return readable_kernel, active(readable_kernel)
+
+
+# The fast twins add a row's 130 numbers in another order: each sum may differ by a few ulp, and so
+# may each result, relatively (rtol) or, where a result is a difference of nearly equal terms of
+# size ~1, absolutely (atol). 64 ulp bounds that with room to spare, and still catches a wrong term.
+AGREE = {dtype: dict(rtol=64 * np.finfo(dtype).eps, atol=64 * np.finfo(dtype).eps) for dtype in (np.float64, np.float32)}
+
+
+def assert_close(actual, desired, rtol, atol, what):
+    """|actual - desired| <= atol + rtol |desired| everywhere; atol may be an array (one per row)."""
+    excess = np.abs(actual - desired) - (atol + rtol * np.abs(desired))
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert np.all(excess <= 0), f"{what}: at {worst}, {actual[worst]} against {desired[worst]}"

@@ -1,8 +1,9 @@
-"""The activations (GELU in both forms, SiLU, SwiGLU): forward and backward in float32 and float64
-against float64 evaluations of their formulas (math.erf, numpy's tanh and exp), in both kernel
-sets; the readable and fast kernels called directly against each other; values far from 0; the
-errors. Tests taking `kernel_set` run once with each kernel set. The gradients against finite
-differences are tests/test_gradcheck_cases.py's."""
+"""The activations (microtensor/ops/gelu.py: GELU in both forms; ops/silu.py: SiLU, SwiGLU):
+forward and backward in float32 and float64 against float64 evaluations of their formulas
+(math.erf, numpy's tanh and exp), in both kernel sets; identities; the readable and fast kernels
+called directly against each other; values far from 0; the errors. Tests taking `kernel_set` run
+once with each kernel set. The gradients against finite differences are
+tests/test_gradcheck_cases.py's."""
 import math
 
 import numpy as np
@@ -13,7 +14,8 @@ import microtensor.functional as F
 from microtensor.kernels import active
 from microtensor.ops import gelu as gelu_ops
 from microtensor.ops import silu as silu_ops
-from helpers import JIT_DISABLED, fast_twin_of
+from microtensor.ops.silu import silu_reference
+from helpers import JIT_DISABLED, fast_twin_of, randn
 
 N = 2_000 if JIT_DISABLED else 20_000  # plain Python is slow: fewer points without the JIT
 
@@ -156,6 +158,20 @@ def test_errors_name_the_op_and_what_was_given():
         F.swiglu(mt.tensor([1.0, 2.0]), mt.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(TypeError, match="silu: expected a float32 or float64 tensor"):
         F.silu(mt.tensor(np.array([1, 2])))
+
+
+def test_gelu_and_silu_identities():
+    x = np.linspace(-6, 6, 101)
+    # erf form: x * Φ(x), Φ from math.erf one number at a time
+    phi = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
+    np.testing.assert_allclose(F.gelu(mt.tensor(x), approximate="none").numpy(), x * phi, rtol=1e-12, atol=1e-15)
+    # the tanh form is within 1e-3 of the exact one
+    np.testing.assert_allclose(F.gelu(mt.tensor(x)).numpy(), x * phi, atol=1e-3)
+    np.testing.assert_allclose(F.silu(mt.tensor(x)).numpy(), x / (1 + np.exp(-x)), rtol=1e-12)
+    big = mt.tensor(np.array([-1e4, 1e4], dtype=np.float32))
+    assert np.all(np.isfinite(F.silu(big).numpy())) and np.all(np.isfinite(F.gelu(big).numpy()))
+    a, b = randn(4, 3), randn(4, 3, seed=1)
+    np.testing.assert_allclose(F.swiglu(mt.tensor(a), mt.tensor(b)).numpy(), silu_reference(a) * b, rtol=1e-12)
 
 
 # --------------------------------------------------------------------------------- kernels, directly
