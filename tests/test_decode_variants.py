@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import microtensor as mt
-from microtensor.ops.moe import top_k_experts_reference
+from microtensor.ops.electives.moe import top_k_experts_reference
 from models import gpt as gpt_module
 from models.gpt import GPT, GPTConfig, decode_kernel_fits
 
