@@ -38,6 +38,7 @@ import numpy as np
 import microtensor as mt
 from microtensor import nn
 from microtensor.errors import InputError, InputTypeError
+from microtensor.checks import check_layer_input
 from microtensor.nn import StateDictError
 from microtensor.ops.electives.lora import lora_linear
 
@@ -82,7 +83,7 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(np.zeros((rank, n_out), dtype=dtype))
 
     def forward(self, x):
-        nn._check_input(self, x, self.in_features, self.weight.dtype)
+        check_layer_input(self, x, self.in_features, self.weight.dtype)
         return lora_linear(x, self.weight, self.bias, self.lora_a, self.lora_b, self.scale)
 
     def merged_weight(self):

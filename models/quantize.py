@@ -36,7 +36,7 @@ import numpy as np
 import microtensor as mt
 from microtensor import nn
 from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.checks import check_int
+from microtensor.checks import check_int
 from microtensor.ops.electives.quantize import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
 from microtensor.tensor import FLOAT_DTYPES
 from models.lora import lora_layers

@@ -67,11 +67,11 @@ the kernels index without bounds checks.
 import numpy as np
 
 from ...autograd import Function
+from ...checks import check_float, check_int, check_ndim, check_tensor, describe
 from ...errors import InputError, InputTypeError
 from ...gradcheck import gradcheck_case
 from ...kernels import active, kernel
-from ...tensor import Tensor, describe
-from ..checks import check_float, check_int, check_ndim, check_tensor
+from ...tensor import Tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 

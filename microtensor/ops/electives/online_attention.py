@@ -87,11 +87,11 @@ import numpy as np
 from numba import prange
 
 from ...autograd import Function
+from ...checks import check_flag, check_float, check_int, check_ndim, check_tensor
 from ...errors import InputError
 from ...gradcheck import gradcheck_case
 from ...kernels import active, kernel
 from ..attention import check_alibi_slopes, check_query_key_lengths, check_query_key_value
-from ..checks import check_flag, check_float, check_int, check_ndim, check_tensor
 
 # Keys per tile (and queries per tile, in the fast set). The fast backward's two 128 × 128 blocks
 # and the (128, D) tiles of q, k, v and dO they come from fit in a core's second-level cache for

@@ -95,10 +95,10 @@ import numpy as np
 from numba import prange
 
 from ... import autograd
+from ...checks import FLOAT_DTYPES, check_float, check_int, check_tensor, describe
 from ...errors import InputError, InputTypeError
 from ...kernels import active, kernel
-from ...tensor import FLOAT_DTYPES, Tensor, describe
-from ..checks import check_float, check_int, check_tensor
+from ...tensor import Tensor
 
 BITS = (4, 8)
 Q_MAX = {8: 127, 4: 7}  # 2^(bits-1) - 1: symmetric codes -q_max .. q_max

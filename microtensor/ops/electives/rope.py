@@ -19,9 +19,9 @@ a new token by its absolute position.
 import numpy as np
 
 from ...autograd import Function
+from ...checks import check_float, check_int
 from ...errors import InputError
 from ...gradcheck import gradcheck_case
-from ..checks import check_float, check_int
 
 
 def rope_angles(T, D, offset, dtype, base=10000.0):

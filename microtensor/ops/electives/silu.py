@@ -34,10 +34,10 @@ import numpy as np
 from numba import prange
 
 from ...autograd import Function
+from ...checks import check_float
 from ...errors import InputError
 from ...gradcheck import gradcheck_case
 from ...kernels import active, kernel
-from ..checks import check_float
 
 
 def silu_reference(x):
