@@ -13,7 +13,8 @@ Where things live (the files the default GPT runs at the top of each folder, the
 `ops/` (one file per op: math, readable kernels, backward, gradient check; `ops/electives/` for the
 techniques: RMSNorm, SiLU, RoPE, online attention, mixture of experts, LoRA, quantization),
 `kernels.py` (the switch between the readable kernels and the fast ones in `fast/` and
-`fast/electives/`), `functional.py` (the ops as functions), `nn.py` (modules), `optim.py` (optimizers), `gradcheck.py` (finite differences), `checks.py` (every
+`fast/electives/`), `functional.py` (the ops as functions), `nn.py` (modules, and the sinusoidal
+position table), `optim.py` (optimizers), `gradcheck.py` (finite differences), `checks.py` (every
 input check, and the dtypes), `errors.py` (the errors they raise).
 
 Importing microtensor changes nothing outside it: no environment variable, no thread count, no

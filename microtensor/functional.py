@@ -1,8 +1,8 @@
 """The functional API: `import microtensor.functional as F`.
 
-Every function here is defined, with its math and its backward, in one file of `microtensor/ops/`
-(the ops the default GPT runs at the top of ops/, the techniques in `ops/electives/`).
-Each checks its arguments before any kernel sees them (microtensor/checks.py) and raises a
+Every function here is defined, with its math and its backward, in one file of `microtensor/ops/`:
+the ops the default GPT runs at the top of ops/, the techniques in `ops/electives/`. Each checks
+its arguments before any kernel sees them (microtensor/checks.py) and raises a
 `microtensor.MicrotensorError` that names the function, what was given and what was expected.
 """
 from .ops.elementwise import add, cast, div, exp, log, mul, neg, pow, relu, sigmoid, sqrt, sub, tanh

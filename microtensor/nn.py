@@ -37,6 +37,10 @@ import numpy as np
 from . import functional as F
 from .checks import check_layer_dtype, check_layer_flag, check_layer_input, check_norm_eps, check_size, float32
 from .errors import InputError, InputIndexError, InputTypeError, StateDictError
+# What quantized layers are built of (weights kept as integers and scales, for inference: no
+# backward, so these are not in functional), and RoPE's table of angles, beside the sinusoidal one below.
+from .ops.electives.quantize import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows  # noqa: F401
+from .ops.electives.rope import rope_angles  # noqa: F401
 from .random import get_generator
 from .tensor import Tensor
 
@@ -471,3 +475,31 @@ class Dropout(Module):
     def extra_repr(self):
         return f"p={self.p}"
 
+
+# ================================================================================= position tables
+# The sinusoidal table of "Attention Is All You Need": a constant the GPT adds to its token
+# embeddings with pos="sinusoidal" (docs/positions.md). It lives beside the layers rather than in
+# ops/ because it is not an op: nothing here has a backward, it is a table of numbers a model uses.
+
+
+def sinusoidal_positions(start, length, width, dtype):
+    """The fixed table of "Attention Is All You Need", rows start .. start + length - 1 (length, width):
+    PE[p, 2i] = sin(p / 10000^(2i / width)), PE[p, 2i + 1] = cos(p / 10000^(2i / width)). Each pair of
+    columns turns at its own frequency, from one turn per 2π positions to one per 10000·2π, so every
+    position gets a distinct row, and a shift by k positions is the same rotation of each pair for
+    every p: the model can learn relative offsets from it. Computed for any position: nothing is
+    learned, so nothing limits it to the positions seen in training."""
+    position = np.arange(start, start + length, dtype=np.float64)[:, None]  # (T, 1)
+    frequency = 10000.0 ** (-np.arange(0, width, 2, dtype=np.float64) / width)  # (width / 2,)
+    table = np.empty((length, width), dtype=np.float64)
+    table[:, 0::2] = np.sin(position * frequency)
+    table[:, 1::2] = np.cos(position * frequency)
+    return table.astype(dtype)
+
+
+def sinusoidal_embedding(start, length, width, dtype):
+    """What the GPT adds to its token embeddings: the table divided by √width. The paper multiplies
+    the token embeddings by √width instead; both give tokens and positions the same ratio, but this
+    way keeps the residual stream at the size GPT-2's initialization (N(0, 0.02)) gives it. Added at
+    full size, positions of amplitude 1 would drown tokens 50 times smaller."""
+    return (sinusoidal_positions(start, length, width, np.float64) / np.sqrt(width)).astype(dtype)

@@ -37,7 +37,7 @@ Python numbers. `float(t)`, `int(t)` and `f"{t:.3f}"` take the value of a one-el
 """
 import numpy as np
 
-from .checks import FLOAT_DTYPES, TensorBase, as_dtype, bool_, check_flag, check_float, describe, float32, float64, int64, is_real_number, normalize_dim  # noqa: F401
+from .checks import FLOAT_DTYPES, TensorBase, as_dtype, check_flag, check_float, describe, float32, float64, is_real_number, normalize_dim
 from .errors import GraphError, InputError, InputTypeError
 
 _default_dtype = float32

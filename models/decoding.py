@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import microtensor as mt
-from microtensor.errors import InputError, InputTypeError
+from microtensor import InputError, InputTypeError
 
 from .gpt import (
     GPT,

@@ -39,9 +39,8 @@ import numpy as np
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.positions import sinusoidal_embedding
+from microtensor import InputError, InputTypeError, nn
+from microtensor.nn import sinusoidal_embedding
 
 SINGLE_THREAD_TOKENS = 16  # generation steps over at most this many tokens run the kernels on one thread
 

@@ -36,11 +36,9 @@ from contextlib import contextmanager
 import numpy as np
 
 import microtensor as mt
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
+from microtensor import InputError, InputTypeError, StateDictError, nn
 from microtensor.checks import check_layer_input
-from microtensor.nn import StateDictError
-from microtensor.ops.electives.lora import lora_linear
+from microtensor.functional import lora_linear
 
 DEFAULT_TARGETS = ("c_attn", "c_proj")
 ADAPTER_NAMES = ("lora_a", "lora_b")  # the parameter names a LoRALinear adds

@@ -47,9 +47,8 @@ import numpy as np
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.electives.moe import gather_rows, scatter_add_rows, top_k_experts, top_k_gates
+from microtensor import InputError, InputTypeError, nn
+from microtensor.functional import gather_rows, scatter_add_rows, top_k_experts, top_k_gates
 
 KINDS = ("gelu", "swiglu")
 

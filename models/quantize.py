@@ -34,11 +34,9 @@ same KV cache, so the cached and recomputed paths still give the same logits.
 import numpy as np
 
 import microtensor as mt
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
+from microtensor import FLOAT_DTYPES, InputError, InputTypeError, nn
 from microtensor.checks import check_int
-from microtensor.ops.electives.quantize import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
-from microtensor.tensor import FLOAT_DTYPES
+from microtensor.nn import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
 from models.lora import lora_layers
 
 

@@ -22,8 +22,15 @@ Some ops have no fast twin, because their readable kernels are already as fast a
   element once, with no sum to reorder (fastmath would only fuse multiplications and additions,
   which changes the last bit of an update).
 
+What a kernel outside microtensor needs to be fast too (a model's own kernel, such as the one-token
+decode step) is here as well: `kernel` (Numba's compiler with microtensor's cache) and the vector
+math and GELU's constants below.
+
 Why a fast form exists is said in one sentence beside it; what it gains is measured by the
 scripts in bench/ and reported in bench/README.md.
 """
+from ..kernels import kernel  # noqa: F401
+from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # noqa: F401  (the tanh form of GELU, for a fused kernel)
 from . import attention, cross_entropy, gelu, layer_norm, matmul, memory, softmax  # noqa: F401
 from .electives import online_attention, quantize, rms_norm, silu  # noqa: F401
+from .vector_math import REDUCE_FASTMATH, erf, exp_of_nonpositive, max_of_row, sigmoid, tanh  # noqa: F401

@@ -64,8 +64,8 @@ import numpy as np
 
 from ..errors import InputError, InputTypeError
 from ..kernels import kernel
+from ..nn import sinusoidal_embedding
 from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
-from ..ops.positions import sinusoidal_embedding
 from ..ops.electives.rope import rope_angles
 from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
 
