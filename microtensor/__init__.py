@@ -8,10 +8,14 @@
     loss.backward()
     x.grad  # d loss / d x, from hand-written backward functions
 
-Where things live: `tensor.py` (Tensor), `autograd.py` (Function and the backward walk),
-`ops/` (one file per op: math, readable kernels, backward, gradient check), `kernels.py` (the
-switch between the readable kernels and the fast ones in `fast/`), `functional.py` (the ops as
-functions), `nn.py` (modules), `optim.py` (optimizers), `gradcheck.py` (finite differences).
+Where things live (the files the default GPT runs at the top of each folder, the techniques in
+`electives/` beside them): `tensor.py` (Tensor), `autograd.py` (Function and the backward walk),
+`ops/` (one file per op: math, readable kernels, backward, gradient check; `ops/electives/` for the
+techniques: RMSNorm, SiLU, RoPE, online attention, mixture of experts, LoRA, quantization),
+`kernels.py` (the switch between the readable kernels and the fast ones in `fast/` and
+`fast/electives/`), `functional.py` (the ops as functions), `nn.py` (modules, and the sinusoidal
+position table), `optim.py` (optimizers), `gradcheck.py` (finite differences), `checks.py` (every
+input check, and the dtypes), `errors.py` (the errors they raise).
 
 Importing microtensor changes nothing outside it: no environment variable, no thread count, no
 allocator setting (see `fast/process.py` for the settings a training program may ask for).
@@ -20,12 +24,12 @@ import math
 
 import numpy as np
 
-# tensor first: it defines Tensor, then imports the engine and the ops, which all need Tensor.
-from .tensor import FLOAT_DTYPES, Tensor, bool_, float32, float64, get_default_dtype, int64, set_default_dtype  # isort: skip
-from .tensor import as_dtype as _as_dtype, check_flag as _check_flag
-from .errors import GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, ThreadingError
-from . import functional, nn, optim
+# tensor first: it defines Tensor and closes microtensor's one import circle (see its last lines).
+from .tensor import Tensor, get_default_dtype, set_default_dtype
+from . import checks, functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
+from .checks import FLOAT_DTYPES, as_dtype as _as_dtype, bool_, check_flag as _check_flag, float32, float64, int64
+from .errors import GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, StateDictError, ThreadingError
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck, gradcheck_case, gradcheck_report
 from .kernels import get_kernels, set_kernels, using_kernels
 from .threads import num_threads

@@ -43,9 +43,10 @@ import os
 
 import numpy as np
 
+from .checks import check_flag, describe
 from .errors import GraphError, InputError, InputTypeError, ThreadingError
 from .kernels import active
-from .tensor import Tensor, check_flag, describe
+from .tensor import Tensor
 
 _grad_enabled = True
 

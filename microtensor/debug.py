@@ -26,8 +26,9 @@ from rich.table import Table
 from rich.tree import Tree
 
 from . import autograd
+from .checks import describe
 from .errors import InputError, InputIndexError, InputTypeError, MicrotensorError
-from .tensor import Tensor, describe
+from .tensor import Tensor
 
 
 def _norm(array):

@@ -10,6 +10,8 @@ working. Every message names the function, module or flag, what was given and wh
     InputIndexError   an index or a dim outside its range                    (an InputError and an IndexError)
     GraphError        a graph used in a way it cannot be: a second backward through freed
                       arrays, an array saved for backward changed in place   (a RuntimeError)
+    StateDictError    a state dict that does not fit the module or optimizer it is loaded
+                      into                                                   (an InputError and a RuntimeError)
     ThreadingError    Numba's threads cannot run in this process (a child made by fork()
                       after GNU OpenMP's threads had started)                (a RuntimeError)
 
@@ -44,3 +46,9 @@ class GraphError(MicrotensorError, RuntimeError):
 class ThreadingError(MicrotensorError, RuntimeError):
     """Numba's parallel kernels cannot run in this process: it was made by fork() from a process
     whose kernels had already started GNU OpenMP's threads (see autograd.py)."""
+
+
+class StateDictError(InputError, RuntimeError):
+    """A state dict that does not fit the module or optimizer it is loaded into (names, shapes,
+    dtypes, values). An InputError, and a RuntimeError as well, which is what `load_state_dict`
+    raised before microtensor had its own errors (and what PyTorch raises)."""

@@ -29,8 +29,10 @@ import os
 
 import numpy as np
 
+from .autograd import Function, is_grad_enabled, topological_order
+from .checks import check_flag, check_int, check_real, describe, float64
 from .errors import InputError, InputTypeError, MicrotensorError
-from .tensor import Tensor, check_flag, describe, float64
+from .tensor import Tensor
 
 
 class GradcheckReport:
@@ -201,8 +203,6 @@ def gradcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_ele
     if isinstance(inputs, Tensor) or not hasattr(inputs, "__iter__"):
         raise InputTypeError(f"gradcheck: inputs must be a list or tuple of Tensors (and other arguments), got {describe(inputs)}")
     inputs = tuple(inputs)
-    from .autograd import is_grad_enabled  # here: autograd imports the tensor module, which imports this one
-
     if not is_grad_enabled():
         raise InputError(
             "gradcheck: gradients are disabled (it was called inside mt.no_grad()), so fn's ops record no graph "
@@ -296,9 +296,6 @@ def gradcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0, max_ele
 
 def _op_names(out):
     """The names of the ops that made `out`, in the order forward ran them (the engine's own order)."""
-    # imported here: autograd imports the tensor module, which imports this one
-    from .autograd import topological_order
-
     names = []
     for tensor in topological_order(out):
         node = getattr(tensor, "grad_fn", tensor._ctx)
@@ -340,8 +337,6 @@ def _backward_source(out):
 
 
 def _check_options(fn, eps, atol, rtol, seed, max_elements):
-    from .ops.checks import check_int, check_real  # here: the ops import this module
-
     if not callable(fn):
         raise InputTypeError(f"gradcheck: fn must be callable (a function of the inputs), got {describe(fn)}")
     eps = check_real("gradcheck", "eps", eps, low=0, low_open=True)
@@ -360,8 +355,6 @@ GRADCHECK_CASES = {}  # Function subclass -> list of case functions
 
 def gradcheck_case(*functions):
     """Register a case that checks the given Function classes: `case(draw) -> (fn, inputs[, options])`."""
-
-    from .autograd import Function  # here: autograd imports the tensor module, which imports the ops
 
     if not functions or not all(isinstance(f, type) and issubclass(f, Function) for f in functions):
         raise InputTypeError(f"gradcheck_case: expected Function subclasses, got {', '.join(describe(f) for f in functions) or 'none'}")

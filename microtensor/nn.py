@@ -35,15 +35,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import functional as F
-from .errors import InputError, InputIndexError, InputTypeError
+from .checks import check_layer_dtype, check_layer_flag, check_layer_input, check_norm_eps, check_size, float32
+from .errors import InputError, InputIndexError, InputTypeError, StateDictError
+# What quantized layers are built of (weights kept as integers and scales, for inference: no
+# backward, so these are not in functional), and RoPE's table of angles, beside the sinusoidal one below.
+from .ops.electives.quantize import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows  # noqa: F401
+from .ops.electives.rope import rope_angles  # noqa: F401
 from .random import get_generator
-from .tensor import FLOAT_DTYPES, Tensor, float32
-
-
-class StateDictError(InputError, RuntimeError):
-    """A state dict that does not fit the module or optimizer it is loaded into (names, shapes,
-    dtypes, values). An InputError, and a RuntimeError as well, which is what `load_state_dict`
-    raised before microtensor had its own errors (and what PyTorch raises)."""
+from .tensor import Tensor
 
 
 class Parameter(Tensor):
@@ -61,51 +60,6 @@ class Parameter(Tensor):
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
-
-
-def _float_dtype(module, dtype):
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise InputTypeError(f"{module}: dtype must be float32 or float64, got {dtype!r}") from None
-    if dtype not in FLOAT_DTYPES:
-        raise InputTypeError(f"{module}: dtype must be float32 or float64, got {dtype}")
-    return dtype
-
-
-def _positive_int(module, name, value):
-    """`value` as an int >= 1 (a size: features, rows, a normalized dim), or an error naming it."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise InputTypeError(f"{module}: {name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise InputError(f"{module}: {name} must be >= 1, got {value}")
-    return int(value)
-
-
-def _flag(module, name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise InputTypeError(f"{module}: {name} must be True or False, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
-def _norm_eps(module, eps):
-    """A norm's epsilon: finite and > 0, since it alone keeps a constant row from dividing by zero."""
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
-        raise InputTypeError(f"{module}: eps must be a number, got {type(eps).__name__} {eps!r}")
-    if not (math.isfinite(eps) and eps > 0):
-        raise InputError(f"{module}: eps must be > 0 and finite, got {eps}")
-    return float(eps)
-
-
-def _check_input(module, x, last_dim, dtype):
-    """A layer's input: a Tensor of the layer's dtype whose last dim is `last_dim`; the error names
-    the layer (its repr), which the op's own error, deeper down, could not."""
-    if not isinstance(x, Tensor):
-        raise InputTypeError(f"{module!r}: expected a Tensor input, got {type(x).__name__}; wrap it with mt.tensor(...)")
-    if x.ndim == 0 or x.shape[-1] != last_dim:
-        raise InputError(f"{module!r}: expected an input whose last dim is {last_dim}, got shape {x.shape}")
-    if x.dtype != dtype:
-        raise InputTypeError(f"{module!r}: expected a {dtype} input (the layer's dtype), got {x.dtype}; cast one with .to()")
 
 
 # What load_state_dict(strict=False) returns: the names it could not fill, and the names it ignored.
@@ -241,7 +195,7 @@ class Module:
     # ----------------------------------------------------------------------------- modes, grads, dtype
     def train(self, mode=True):
         """Set `.training` on this module and every module below it (Dropout reads it). Returns self."""
-        mode = _flag(f"{type(self).__name__}.train", "mode", mode)
+        mode = check_layer_flag(f"{type(self).__name__}.train", "mode", mode)
         for module in self.modules():
             object.__setattr__(module, "training", mode)
         return self
@@ -258,7 +212,7 @@ class Module:
     def to(self, dtype):
         """Cast every Parameter to float32 or float64 in place (the Parameter objects stay the same,
         so tied weights stay tied). Build the optimizer afterwards: its state has the old dtype."""
-        dtype = _float_dtype(f"{type(self).__name__}.to", dtype)
+        dtype = check_layer_dtype(f"{type(self).__name__}.to", dtype)
         for param in self.parameters():
             param.data = param.data.astype(dtype)
             param.grad = None
@@ -279,7 +233,7 @@ class Module:
         where = f"{type(self).__name__}.load_state_dict"
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"{where}: expected a dict of arrays (from state_dict()), got {type(state_dict).__name__}")
-        strict = _flag(where, "strict", strict)
+        strict = check_layer_flag(where, "strict", strict)
         params = dict(self.named_parameters())
         missing = [name for name in params if name not in state_dict]
         unexpected = [name for name in state_dict if name not in params]
@@ -414,10 +368,10 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, dtype=float32):
         super().__init__()
-        dtype = _float_dtype("Linear", dtype)
-        in_features = _positive_int("Linear", "in_features", in_features)
-        out_features = _positive_int("Linear", "out_features", out_features)
-        bias = _flag("Linear", "bias", bias)
+        dtype = check_layer_dtype("Linear", dtype)
+        in_features = check_size("Linear", "in_features", in_features)
+        out_features = check_size("Linear", "out_features", out_features)
+        bias = check_layer_flag("Linear", "bias", bias)
         self.in_features, self.out_features = in_features, out_features
         bound = 1.0 / np.sqrt(in_features)
         generator = get_generator()
@@ -428,7 +382,7 @@ class Linear(Module):
             self.bias = None
 
     def forward(self, x):
-        _check_input(self, x, self.weight.shape[0], self.weight.dtype)
+        check_layer_input(self, x, self.weight.shape[0], self.weight.dtype)
         y = F.matmul(x, self.weight)  # (..., in) @ (in, out) -> (..., out)
         return y if self.bias is None else y + self.bias
 
@@ -441,9 +395,9 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, dtype=float32):
         super().__init__()
-        dtype = _float_dtype("Embedding", dtype)
-        num_embeddings = _positive_int("Embedding", "num_embeddings", num_embeddings)
-        embedding_dim = _positive_int("Embedding", "embedding_dim", embedding_dim)
+        dtype = check_layer_dtype("Embedding", dtype)
+        num_embeddings = check_size("Embedding", "num_embeddings", num_embeddings)
+        embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = Parameter(get_generator().standard_normal((num_embeddings, embedding_dim)).astype(dtype))
 
@@ -468,15 +422,15 @@ class LayerNorm(Module):
 
     def __init__(self, dim, eps=1e-5, bias=True, dtype=float32):
         super().__init__()
-        dtype = _float_dtype("LayerNorm", dtype)
-        dim, eps = _positive_int("LayerNorm", "dim", dim), _norm_eps("LayerNorm", eps)
-        bias = _flag("LayerNorm", "bias", bias)
+        dtype = check_layer_dtype("LayerNorm", dtype)
+        dim, eps = check_size("LayerNorm", "dim", dim), check_norm_eps("LayerNorm", eps)
+        bias = check_layer_flag("LayerNorm", "bias", bias)
         self.dim, self.eps = dim, eps
         self.weight = Parameter(np.ones(dim, dtype=dtype))
         self.bias = Parameter(np.zeros(dim, dtype=dtype)) if bias else None
 
     def forward(self, x):
-        _check_input(self, x, self.weight.shape[0], self.weight.dtype)
+        check_layer_input(self, x, self.weight.shape[0], self.weight.dtype)
         return F.layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
@@ -488,13 +442,13 @@ class RMSNorm(Module):
 
     def __init__(self, dim, eps=1e-5, dtype=float32):
         super().__init__()
-        dtype = _float_dtype("RMSNorm", dtype)
-        dim, eps = _positive_int("RMSNorm", "dim", dim), _norm_eps("RMSNorm", eps)
+        dtype = check_layer_dtype("RMSNorm", dtype)
+        dim, eps = check_size("RMSNorm", "dim", dim), check_norm_eps("RMSNorm", eps)
         self.dim, self.eps = dim, eps
         self.weight = Parameter(np.ones(dim, dtype=dtype))
 
     def forward(self, x):
-        _check_input(self, x, self.weight.shape[0], self.weight.dtype)
+        check_layer_input(self, x, self.weight.shape[0], self.weight.dtype)
         return F.rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self):
@@ -520,3 +474,32 @@ class Dropout(Module):
 
     def extra_repr(self):
         return f"p={self.p}"
+
+
+# ================================================================================= position tables
+# The sinusoidal table of "Attention Is All You Need": a constant the GPT adds to its token
+# embeddings with pos="sinusoidal" (docs/positions.md). It lives beside the layers rather than in
+# ops/ because it is not an op: nothing here has a backward, it is a table of numbers a model uses.
+
+
+def sinusoidal_positions(start, length, width, dtype):
+    """The fixed table of "Attention Is All You Need", rows start .. start + length - 1 (length, width):
+    PE[p, 2i] = sin(p / 10000^(2i / width)), PE[p, 2i + 1] = cos(p / 10000^(2i / width)). Each pair of
+    columns turns at its own frequency, from one turn per 2π positions to one per 10000·2π, so every
+    position gets a distinct row, and a shift by k positions is the same rotation of each pair for
+    every p: the model can learn relative offsets from it. Computed for any position: nothing is
+    learned, so nothing limits it to the positions seen in training."""
+    position = np.arange(start, start + length, dtype=np.float64)[:, None]  # (T, 1)
+    frequency = 10000.0 ** (-np.arange(0, width, 2, dtype=np.float64) / width)  # (width / 2,)
+    table = np.empty((length, width), dtype=np.float64)
+    table[:, 0::2] = np.sin(position * frequency)
+    table[:, 1::2] = np.cos(position * frequency)
+    return table.astype(dtype)
+
+
+def sinusoidal_embedding(start, length, width, dtype):
+    """What the GPT adds to its token embeddings: the table divided by √width. The paper multiplies
+    the token embeddings by √width instead; both give tokens and positions the same ratio, but this
+    way keeps the residual stream at the size GPT-2's initialization (N(0, 0.02)) gives it. Added at
+    full size, positions of amplitude 1 would drown tokens 50 times smaller."""
+    return (sinusoidal_positions(start, length, width, np.float64) / np.sqrt(width)).astype(dtype)

@@ -27,10 +27,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import InputError, InputTypeError
+from .checks import FLOAT_DTYPES, as_count, as_real
+from .errors import InputError, InputTypeError, StateDictError
 from .kernels import active, kernel
-from .nn import StateDictError
-from .tensor import FLOAT_DTYPES, Tensor
+from .tensor import Tensor
 
 # ================================================================================= kernels
 
@@ -81,20 +81,6 @@ def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, l2, bia
 # ================================================================================= checks
 
 
-def _real(value):
-    """`value` as a Python float if it is a real number (a bool is not), else None."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return None
-    return float(value)
-
-
-def _count(value):
-    """`value` as a Python int if it is an integer (a bool is not), else None."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        return None
-    return int(value)
-
-
 # What each hyperparameter may be, as (test on a float, the words of the error). A learning rate
 # of inf or nan, a beta of 1 or more (the running means would never forget, or grow without
 # bound), or an eps of 0 (a division by zero where v is 0) would each turn the weights into
@@ -112,7 +98,7 @@ def _hyperparameter_problem(key, value):
     if key == "betas":
         pair = None
         if isinstance(value, (tuple, list, np.ndarray)) and np.shape(value) == (2,):
-            pair = [_real(x) for x in value]
+            pair = [as_real(x) for x in value]
         if pair is None or None in pair:
             return InputTypeError, f"betas must be a pair of numbers (beta1, beta2), got {value!r}"
         if not all(0 <= beta < 1 for beta in pair):
@@ -123,7 +109,7 @@ def _hyperparameter_problem(key, value):
     if key not in HYPERPARAMETER_RULES:
         return None  # a key the user added to a group after construction (say a schedule's note)
     rule, words = HYPERPARAMETER_RULES[key]
-    number = _real(value)
+    number = as_real(value)
     if number is None:
         return InputTypeError, f"{key} must be a number, got {type(value).__name__} {value!r}"
     if not rule(number):
@@ -308,7 +294,7 @@ class Optimizer:
         for g, group in enumerate(self.param_groups):
             count_key = f"group.{g}.num_params"
             used.add(count_key)
-            count = _count(np.asarray(state_dict[count_key])[()]) if count_key in state_dict else None
+            count = as_count(np.asarray(state_dict[count_key])[()]) if count_key in state_dict else None
             if count_key not in state_dict:
                 problems.append(f"missing {count_key}")
             elif count != len(group["params"]):
@@ -510,7 +496,7 @@ def clip_grad_norm(params, max_norm, error_if_nonfinite=False):
         params = [params]
     elif hasattr(params, "named_parameters"):
         raise InputTypeError(f"clip_grad_norm: expected Parameters, e.g. model.parameters(), got the {type(params).__name__} itself")
-    norm = _real(max_norm)
+    norm = as_real(max_norm)
     if norm is None:
         raise InputTypeError(f"clip_grad_norm: max_norm must be a number, got {type(max_norm).__name__} {max_norm!r}")
     if not (math.isfinite(norm) and norm > 0):
@@ -577,13 +563,13 @@ def cosine_with_warmup(step, max_lr, min_lr, warmup_iters, lr_decay_iters):
     """
     where = "cosine_with_warmup"
     for name, value in (("step", step), ("warmup_iters", warmup_iters), ("lr_decay_iters", lr_decay_iters)):
-        count = _count(value)
+        count = as_count(value)
         if count is None:
             raise InputTypeError(f"{where}: {name} must be an integer, got {type(value).__name__} {value!r}")
         if count < 0:
             raise InputError(f"{where}: {name} must be >= 0, got {value}")
     for name, value in (("max_lr", max_lr), ("min_lr", min_lr)):
-        number = _real(value)
+        number = as_real(value)
         if number is None:
             raise InputTypeError(f"{where}: {name} must be a number, got {type(value).__name__} {value!r}")
         if not (math.isfinite(number) and number >= 0):

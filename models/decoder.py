@@ -33,7 +33,7 @@ import numpy as np
 import microtensor as mt
 from microtensor import nn
 from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.checks import is_real_number  # microtensor's validation helper, to re-point when it moves
+from microtensor.checks import is_real_number
 
 SINGLE_THREAD_TOKENS = 16  # steps over at most this many tokens run the kernels on one thread
 

@@ -33,9 +33,8 @@ import numpy as np
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.positions import sinusoidal_embedding
+from microtensor import InputError, InputTypeError, nn
+from microtensor.nn import sinusoidal_embedding
 
 from .decoder import check_generation_options, check_ids, check_prompt
 from .sampling import sampled_tokens

@@ -8,7 +8,7 @@ only the update, and fold it back in at the end.
 
 A `LoRALinear` replaces one `nn.Linear`: it keeps the Linear's weight and bias, frozen
 (requires_grad=False), under the same names, and adds `lora_a` (in, r) and `lora_b` (r, out), so
-that y = x W + b + (α/r) (x A) B (the op and its backward: microtensor/ops/lora.py). Because the
+that y = x W + b + (α/r) (x A) B (the op and its backward: microtensor/ops/electives/lora.py). Because the
 base weights keep their names, the base checkpoint's state dict loads into the adapted model
 unchanged, and the adapters' names (`transformer.h.0.attn.c_attn.lora_a`) say which layer each
 belongs to, so a checkpoint can hold the adapters alone and name its base.
@@ -36,10 +36,9 @@ from contextlib import contextmanager
 import numpy as np
 
 import microtensor as mt
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
-from microtensor.nn import StateDictError
-from microtensor.ops.lora import lora_linear
+from microtensor import InputError, InputTypeError, StateDictError, nn
+from microtensor.checks import check_layer_input
+from microtensor.functional import lora_linear
 
 DEFAULT_TARGETS = ("c_attn", "c_proj")
 ADAPTER_NAMES = ("lora_a", "lora_b")  # the parameter names a LoRALinear adds
@@ -84,7 +83,7 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(np.zeros((rank, n_out), dtype=dtype))
 
     def forward(self, x):
-        nn._check_input(self, x, self.in_features, self.weight.dtype)
+        check_layer_input(self, x, self.in_features, self.weight.dtype)
         return lora_linear(x, self.weight, self.bias, self.lora_a, self.lora_b, self.scale)
 
     def merged_weight(self):

@@ -15,7 +15,7 @@ router no gradient at all; so with k = 1 the gate is the probability p itself, a
 Transformer (with k >= 2 the renormalized gates still move with p).
 
 Each expert runs on ITS tokens only: gather their rows, run the expert on those M_e rows, scale
-each answer by its gate, and scatter-add it back into its token's row (ops/moe.py holds these
+each answer by its gate, and scatter-add it back into its token's row (ops/electives/moe.py holds these
 ops and derives their backward). A token thus costs k experts' work, not E: the parameters grow E
 times, the arithmetic per token only k times.
 
@@ -47,9 +47,8 @@ import numpy as np
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.moe import gather_rows, scatter_add_rows, top_k_experts, top_k_gates
+from microtensor import InputError, InputTypeError, nn
+from microtensor.functional import gather_rows, scatter_add_rows, top_k_experts, top_k_gates
 
 KINDS = ("gelu", "swiglu")
 

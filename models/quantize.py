@@ -11,7 +11,7 @@
 `QuantizedLinear` (the same call, y = x @ Ŵ + b, its weight kept as codes and scales, its bias float)
 and every `nn.Embedding` a `QuantizedEmbedding` (its table stored row by row, one scale per row, or
 per group of a row for int4, since a looked-up row needs only its own scales). The math, the error
-bound and the kernels are in microtensor/ops/quantize.py. What stays in float: the norms' weights
+bound and the kernels are in microtensor/ops/electives/quantize.py. What stays in float: the norms' weights
 and the biases (a few numbers per layer, which add a float vector to the output anyway).
 
 The tied head. A GPT with tied weights computes its logits as x @ wteᵀ, the token embedding used
@@ -24,21 +24,19 @@ Linear like the others.
 Inference only. The quantized weights are not Parameters: an optimizer finds only the float ones,
 and `quantize_model` sets requires_grad False on those, so no forward records a graph and a
 backward is refused (there is nothing to differentiate). The products refuse an input that requires
-a gradient while gradients are on (ops/quantize.py says why). Quantize a copy (load the checkpoint
+a gradient while gradients are on (ops/electives/quantize.py says why). Quantize a copy (load the checkpoint
 again) to keep training the float model.
 
-Generation. The fast kernel set's one-token decode kernel (microtensor/fast/decode.py) reads float
+Generation. The fast kernel set's one-token decode kernel (models/decode_kernel.py) reads float
 weights only; a quantized model (`is_quantized`) takes every token through the modules, with the
 same KV cache, so the cached and recomputed paths still give the same logits.
 """
 import numpy as np
 
 import microtensor as mt
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
-from microtensor.ops.checks import check_int
-from microtensor.ops.quantize import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
-from microtensor.tensor import FLOAT_DTYPES
+from microtensor import FLOAT_DTYPES, InputError, InputTypeError, nn
+from microtensor.checks import check_int
+from microtensor.nn import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
 from models.lora import lora_layers
 
 

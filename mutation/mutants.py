@@ -83,14 +83,14 @@ MUTANTS = [
         why="the weight's gradient uses x * rstd instead of xhat (the mean not subtracted)",
     ),
     Mutant(
-        "rms_norm.backward_input.readable", "microtensor/ops/rms_norm.py",
+        "rms_norm.backward_input.readable", "microtensor/ops/electives/rms_norm.py",
         "grad_x[n, c] = r * (grad_out[n, c] * weight[c] - x[n, c] * r * d_xhat_mean)",
         "grad_x[n, c] = r * grad_out[n, c] * weight[c]",
         gradcheck_cases("readable", "RMSNorm"),
         why="treats rstd as a constant: the path through the row's root mean square is lost",
     ),
     Mutant(
-        "rms_norm.backward_weight.readable", "microtensor/ops/rms_norm.py",
+        "rms_norm.backward_weight.readable", "microtensor/ops/electives/rms_norm.py",
         "grad_weight[c] += grad_out[n, c] * x[n, c] * rstd[n]",
         "grad_weight[c] += grad_out[n, c] * x[n, c]",
         gradcheck_cases("readable", "RMSNorm"),
@@ -110,21 +110,21 @@ MUTANTS = [
         why="the product rule's x φ(x) term dropped",
     ),
     Mutant(
-        "silu.backward.readable", "microtensor/ops/silu.py",
+        "silu.backward.readable", "microtensor/ops/electives/silu.py",
         "dy_dx = s * (one + x[i] * (one - s))",
         "dy_dx = s * (one + x[i] * s)",
         gradcheck_cases("readable", "SiLU"),
         why="σ' written as σ² instead of σ (1 - σ)",
     ),
     Mutant(
-        "swiglu.backward_gate.readable", "microtensor/ops/silu.py",
+        "swiglu.backward_gate.readable", "microtensor/ops/electives/silu.py",
         "grad_a[i] = grad_out[i] * b[i] * dsilu_da",
         "grad_a[i] = grad_out[i] * dsilu_da",
         gradcheck_cases("readable", "SwiGLU"),
         why="the gate's gradient forgets the value b it multiplies",
     ),
     Mutant(
-        "swiglu.backward_value.readable", "microtensor/ops/silu.py",
+        "swiglu.backward_value.readable", "microtensor/ops/electives/silu.py",
         "grad_b[i] = grad_out[i] * a[i] * s",
         "grad_b[i] = grad_out[i] * s",
         gradcheck_cases("readable", "SwiGLU"),
@@ -273,7 +273,7 @@ MUTANTS = [
         why="the dropped elements get a gradient, and the kept ones miss the 1/(1-p)",
     ),
     Mutant(
-        "rope.backward_direction", "microtensor/ops/rope.py",
+        "rope.backward_direction", "microtensor/ops/electives/rope.py",
         "return _rotate(grad_out, cos, -sin), None",
         "return _rotate(grad_out, cos, sin), None",
         gradcheck_cases("readable", "RoPE"),
@@ -648,7 +648,7 @@ MUTANTS = [
         "(and the source-keyed cache must not serve the old one)",
     ),
     Mutant(
-        "rms_norm.backward_input.fast", "microtensor/ops/rms_norm.py",
+        "rms_norm.backward_input.fast", "microtensor/ops/electives/rms_norm.py",
         "grad_x[n, c] = r * (grad_out[n, c] * weight[c] - x[n, c] * r * d_xhat_mean)",
         "grad_x[n, c] = r * grad_out[n, c] * weight[c]",
         gradcheck_cases("fast", "RMSNorm"),
@@ -670,7 +670,7 @@ MUTANTS = [
         jit=True,
     ),
     Mutant(
-        "silu.saved_sigmoid.fast", "microtensor/fast/silu.py",
+        "silu.saved_sigmoid.fast", "microtensor/fast/electives/silu.py",
         "sigmoid_x[i] = s",
         "sigmoid_x[i] = x[i] * s",
         gradcheck_cases("fast", "SiLU"),
@@ -678,7 +678,7 @@ MUTANTS = [
         why="forward saves silu(x) where backward expects σ(x)",
     ),
     Mutant(
-        "swiglu.backward_value.fast", "microtensor/fast/silu.py",
+        "swiglu.backward_value.fast", "microtensor/fast/electives/silu.py",
         "grad_b[i] = grad_out[i] * a[i] * s",
         "grad_b[i] = grad_out[i] * s",
         gradcheck_cases("fast", "SwiGLU"),

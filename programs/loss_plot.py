@@ -44,7 +44,7 @@ from itertools import pairwise
 from numbers import Real
 from xml.sax.saxutils import escape
 
-from microtensor.errors import InputError
+from microtensor import InputError
 
 # The <g id=...> of each series, in the order they are drawn (later ones on top).
 SERIES = {

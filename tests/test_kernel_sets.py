@@ -19,7 +19,7 @@ import pytest
 
 import microtensor as mt
 from microtensor.gradcheck import GRADCHECK_CASES, RandomDraw
-from microtensor.ops.quantize import quantize, quantized_matmul
+from microtensor.ops.electives.quantize import quantize, quantized_matmul
 from microtensor.tensor import Tensor
 from helpers import SLOW_REGISTRY_CASES, needs_jit
 
@@ -273,7 +273,7 @@ def compiled_kernels():
 
 # Kernels that compute in float64 on purpose, and why (their docstrings say so too).
 DELIBERATE_FLOAT64 = {
-    "microtensor.ops.quantize.quantize_groups": "the quotient w / s in float64, so a float32 weight gets the code a float64 one would",
+    "microtensor.ops.electives.quantize.quantize_groups": "the quotient w / s in float64, so a float32 weight gets the code a float64 one would",
 }
 
 

@@ -12,7 +12,7 @@ import microtensor.functional as F
 from microtensor.autograd import Function
 from microtensor.gradcheck import gradcheck_case
 from microtensor.kernels import active, kernel
-from microtensor.ops.checks import check_float
+from microtensor.checks import check_float
 
 
 def softplus_reference(x):

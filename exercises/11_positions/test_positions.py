@@ -6,7 +6,7 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from exercises.checking import expect, expect_close, expect_equal, float64_arithmetic, gradcheck, random_tensor
-from microtensor.ops.positions import sinusoidal_positions
+from microtensor.nn import sinusoidal_positions
 
 
 def test_table_matches_microtensor(impl):

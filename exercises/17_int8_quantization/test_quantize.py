@@ -3,8 +3,8 @@ import numpy as np
 
 import microtensor as mt
 from exercises.checking import expect, expect_close, expect_equal
-from microtensor.ops.quantize import quantize as microtensor_quantize
-from microtensor.ops.quantize import quantized_matmul
+from microtensor.ops.electives.quantize import quantize as microtensor_quantize
+from microtensor.ops.electives.quantize import quantized_matmul
 
 
 def weight(seed, shape=(6, 4), dtype=np.float64):

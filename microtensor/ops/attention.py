@@ -87,11 +87,11 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..checks import check_flag, check_float, check_int, check_ndim, check_tensor, describe
 from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor, describe
-from .checks import check_flag, check_float, check_int, check_ndim, check_tensor
+from ..tensor import Tensor
 
 # --------------------------------------------------------------------------------- ALiBi's slopes
 

@@ -50,11 +50,11 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..checks import FLOAT_DTYPES, check_int, check_tensor, describe
 from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import FLOAT_DTYPES, Tensor, describe
-from .checks import check_int, check_tensor
+from ..tensor import Tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 

@@ -12,10 +12,10 @@ The mask is drawn from a numpy Generator: the `generator` argument, else the glo
 import numpy as np
 
 from ..autograd import Function
+from ..checks import check_flag, check_float, check_real
 from ..errors import InputTypeError
 from ..gradcheck import gradcheck_case
 from ..random import get_generator
-from .checks import check_flag, check_float, check_real
 
 
 class Dropout(Function):

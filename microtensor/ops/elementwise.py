@@ -11,10 +11,10 @@ two tensors of different dtypes are an error, never a silent cast. These ops are
 import numpy as np
 
 from ..autograd import Function, unbroadcast
+from ..checks import as_dtype, broadcast_shape, check_float, describe
 from ..errors import InputTypeError
 from ..gradcheck import gradcheck_case
-from ..tensor import Tensor, as_dtype, describe
-from .checks import as_tensor, broadcast_shape, check_float
+from ..tensor import Tensor, as_tensor
 
 
 def _binary(op, function, a, b):

@@ -17,11 +17,11 @@ turns into vector loads and stores anyway. ids need no gradient.
 import numpy as np
 
 from ..autograd import Function
+from ..checks import check_float, check_integer, describe
 from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor, describe
-from .checks import check_float, check_integer
+from ..tensor import Tensor
 
 
 def embedding_reference(ids, weight):

@@ -38,10 +38,10 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..checks import check_float
 from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from .checks import check_float
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)  # k in the tanh form
 CUBIC = 0.044715  # a in the tanh form

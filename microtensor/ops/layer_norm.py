@@ -34,10 +34,10 @@ import math
 import numpy as np
 
 from ..autograd import Function
+from ..checks import check_float, check_last_dim, check_real, check_tensor
 from ..errors import InputError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from .checks import check_float, check_last_dim, check_real, check_tensor
 
 
 def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):

@@ -38,11 +38,11 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function, unbroadcast
+from ..checks import broadcast_shape, check_float, describe
 from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import Tensor, describe
-from .checks import as_tensor, broadcast_shape, check_float
+from ..tensor import Tensor, as_tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 

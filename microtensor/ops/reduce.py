@@ -19,9 +19,9 @@ import math
 import numpy as np
 
 from ..autograd import Function
+from ..checks import check_flag, check_float, normalize_dim
 from ..errors import InputError
 from ..gradcheck import gradcheck_case
-from .checks import check_flag, check_float, normalize_dim
 from .shape import concat
 
 

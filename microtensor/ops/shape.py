@@ -19,10 +19,10 @@ import math
 import numpy as np
 
 from ..autograd import Function, unbroadcast
+from ..checks import broadcast_shape, check_float, check_tensor, describe, is_real_number, normalize_dim
 from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
-from ..tensor import Tensor, describe
-from .checks import as_tensor, broadcast_shape, check_float, check_tensor, is_real_number, normalize_dim
+from ..tensor import Tensor, as_tensor
 
 
 class Reshape(Function):

@@ -47,11 +47,11 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
+from ..checks import FLOAT_DTYPES, check_float, describe, normalize_dim
 from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
-from ..tensor import FLOAT_DTYPES, Tensor, describe
-from .checks import check_float, normalize_dim
+from ..tensor import Tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 

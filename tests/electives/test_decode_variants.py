@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import microtensor as mt
-from microtensor.ops.moe import top_k_experts_reference
+from microtensor.ops.electives.moe import top_k_experts_reference
 from models import decode_kernel as kernel_module
 from models.decode_kernel import decode_kernel_fits
 from models.gpt import GPT, GPTConfig

@@ -13,7 +13,7 @@ import microtensor as mt
 from microtensor import GradcheckError, gradcheck, optim
 from microtensor.errors import InputError
 from models import checkpoint
-from microtensor.ops.positions import sinusoidal_embedding, sinusoidal_positions
+from microtensor.nn import sinusoidal_embedding, sinusoidal_positions
 from models.gpt import GPT, GPTConfig
 
 VOCAB = 7

@@ -16,8 +16,8 @@ from microtensor import gradcheck
 from microtensor.errors import InputError, InputTypeError
 from microtensor.gradcheck import GRADCHECK_CASES, RandomDraw
 from microtensor.nn import StateDictError
-from microtensor.ops.lora import LoRALinear as LoRALinearOp
-from microtensor.ops.lora import lora_linear, lora_linear_reference
+from microtensor.ops.electives.lora import LoRALinear as LoRALinearOp
+from microtensor.ops.electives.lora import lora_linear, lora_linear_reference
 from helpers import needs_jit, rewrite_checkpoint as rewrite
 from models import checkpoint
 from models.gpt import GPT, GPTConfig

@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer (models/moe.py) and its ops (microtensor/ops/moe.py).
+"""The mixture-of-experts layer (models/moe.py) and its ops (microtensor/ops/electives/moe.py).
 
 - Each op against numpy written here; the layer against a dense numpy MoE written here (every
   expert on every token, weighted by the renormalized top-k gates (top-1: the probability itself),
@@ -16,7 +16,7 @@ import pytest
 
 import microtensor as mt
 from microtensor.errors import InputError, InputTypeError
-from microtensor.ops import moe as ops
+from microtensor.ops.electives import moe as ops
 from helpers import needs_jit
 from models.moe import MixtureOfExperts, expert_utilization, total_aux_loss
 

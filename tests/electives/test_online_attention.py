@@ -14,8 +14,8 @@ import pytest
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor.ops import online_attention as readable
-from microtensor.ops.online_attention import multi_head_online_attention, online_attention
+from microtensor.ops.electives import online_attention as readable
+from microtensor.ops.electives.online_attention import multi_head_online_attention, online_attention
 from helpers import needs_jit, randn
 
 TOLERANCE = {np.float32: 2e-5, np.float64: 1e-12}
@@ -272,7 +272,7 @@ def output_arrays(dtype, B=2, H=4, Hk=2, Tq=13, Tk=17, D=3):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_kernels_on_views_in_both_sets(dtype, causal):
-    from microtensor.fast import online_attention as fast
+    from microtensor.fast.electives import online_attention as fast
 
     q, k, v, grad_out = kernel_views(dtype)
     slopes = np.array([0.5, 0.0, 0.125, 0.0625], dtype=dtype)

@@ -1,4 +1,4 @@
-"""Weight quantization (microtensor/ops/quantize.py, models/quantize.py), against numpy written here.
+"""Weight quantization (microtensor/ops/electives/quantize.py, models/quantize.py), against numpy written here.
 
 - quantize: the codes and scales equal this file's own absmax quantization (int8 per output
   channel, int4 per group, both layouts, all-zero columns included), and the int4 bytes follow the
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import microtensor as mt
 from microtensor.errors import GraphError, InputError, InputTypeError
-from microtensor.ops import quantize as Q
+from microtensor.ops.electives import quantize as Q
 from helpers import fast_twin_of, needs_jit
 from models.gpt import GPT, GPTConfig
 from models.quantize import QuantizedEmbedding, QuantizedLinear, is_quantized, quantize_model, weight_bytes

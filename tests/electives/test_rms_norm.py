@@ -1,4 +1,4 @@
-"""RMSNorm (microtensor/ops/rms_norm.py): forward by plain loops, and the readable and fast kernels
+"""RMSNorm (microtensor/ops/electives/rms_norm.py): forward by plain loops, and the readable and fast kernels
 against each other. The checks it shares with the other fused ops (float32 against float64,
 PyTorch, the errors) are in tests/ops/test_fused_ops.py. Tests taking `kernel_set` run once with
 each kernel set."""
@@ -9,8 +9,8 @@ import pytest
 
 import microtensor as mt
 import microtensor.functional as F
-from microtensor.ops import rms_norm
-from microtensor.ops.rms_norm import rms_norm_reference
+from microtensor.ops.electives import rms_norm
+from microtensor.ops.electives.rms_norm import rms_norm_reference
 from helpers import AGREE, kernel_pair, norm_problem, randn
 
 

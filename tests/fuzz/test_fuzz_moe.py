@@ -1,4 +1,4 @@
-"""The fuzz entries of microtensor/ops/moe.py: the mixture of experts' gathers, scatters and routing (an elective).
+"""The fuzz entries of microtensor/ops/electives/moe.py: the mixture of experts' gathers, scatters and routing (an elective).
 
 How an entry draws its arguments and judges the call: fuzzing.py."""
 import numpy as np

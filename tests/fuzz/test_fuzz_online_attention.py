@@ -1,4 +1,4 @@
-"""The fuzz entries of microtensor/ops/online_attention.py (an elective).
+"""The fuzz entries of microtensor/ops/electives/online_attention.py (an elective).
 
 How an entry draws its arguments and judges the call: fuzzing.py."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""The fuzz entries of microtensor/ops/rms_norm.py (an elective).
+"""The fuzz entries of microtensor/ops/electives/rms_norm.py (an elective).
 
 How an entry draws its arguments and judges the call: fuzzing.py."""
 import numpy as np

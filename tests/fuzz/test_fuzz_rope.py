@@ -1,4 +1,4 @@
-"""The fuzz entries of microtensor/ops/rope.py (an elective).
+"""The fuzz entries of microtensor/ops/electives/rope.py (an elective).
 
 How an entry draws its arguments and judges the call: fuzzing.py."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""The fuzz entries of microtensor/ops/silu.py: SiLU and SwiGLU (electives).
+"""The fuzz entries of microtensor/ops/electives/silu.py: SiLU and SwiGLU (electives).
 
 How an entry draws its arguments and judges the call: fuzzing.py."""
 import numpy as np

@@ -13,8 +13,8 @@ import microtensor as mt
 import microtensor.functional as F
 from microtensor.kernels import active
 from microtensor.ops import gelu as gelu_ops
-from microtensor.ops import silu as silu_ops
-from microtensor.ops.silu import silu_reference
+from microtensor.ops.electives import silu as silu_ops
+from microtensor.ops.electives.silu import silu_reference
 from helpers import JIT_DISABLED, fast_twin_of, randn
 
 N = 2_000 if JIT_DISABLED else 20_000  # plain Python is slow: fewer points without the JIT

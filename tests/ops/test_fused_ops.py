@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 import microtensor as mt
 import microtensor.functional as F
 from microtensor.kernels import active
-from microtensor.ops import embedding, layer_norm, rms_norm
+from microtensor.ops import embedding, layer_norm
+from microtensor.ops.electives import rms_norm
 from microtensor.ops.gelu import gelu_reference
 from microtensor.ops.layer_norm import layer_norm_reference
-from microtensor.ops.rms_norm import rms_norm_reference
-from microtensor.ops.silu import silu_reference
+from microtensor.ops.electives.rms_norm import rms_norm_reference
+from microtensor.ops.electives.silu import silu_reference
 from helpers import randn
 
 

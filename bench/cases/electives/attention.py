@@ -35,7 +35,7 @@ MIN_CALLS = 5
 def attention_ops(tile_size=None):
     """{name: fn(q, k, v)} of the two ops compared."""
     import microtensor.functional as F
-    from microtensor.ops.online_attention import online_attention
+    from microtensor.ops.electives.online_attention import online_attention
 
     return {
         "standard": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=True),

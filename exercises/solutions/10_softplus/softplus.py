@@ -20,7 +20,7 @@ The derivative, by the chain rule (log' = 1/u, (1 + e^x)' = e^x):
 
     dsoftplus/dx = e^x / (1 + e^x) = 1 / (1 + e^-x) = σ(x)
 
-the logistic sigmoid, computed without overflow as ops/silu.py does: 1 / (1 + e^-x) for x >= 0,
+the logistic sigmoid, computed without overflow as ops/electives/silu.py does: 1 / (1 + e^-x) for x >= 0,
 e^x / (1 + e^x) for x < 0 (the same fraction, top and bottom times e^x): the exponent used is
 never positive. Elementwise, so the Jacobian is diagonal and with g = dL/dy (the shape of x):
 
@@ -38,7 +38,7 @@ import microtensor.functional as F
 from microtensor.autograd import Function
 from microtensor.gradcheck import gradcheck_case
 from microtensor.kernels import active, kernel
-from microtensor.ops.checks import check_float
+from microtensor.checks import check_float
 
 
 def softplus_reference(x):

@@ -1,4 +1,4 @@
-"""The fast twins of microtensor/ops/silu.py: the same loops, with σ taken from vector_math.py.
+"""The fast twins of microtensor/ops/electives/silu.py: the same loops, with σ taken from vector_math.py.
 
 Why: the readable kernels' σ calls the C library's exp once per element, and a loop that makes a
 call per element cannot use the CPU's vector instructions; vector_math's sigmoid is plain
@@ -9,9 +9,9 @@ those of the readable kernels (all (N,)); in particular silu_forward writes σ(x
 """
 from numba import prange
 
-from ..kernels import fast_twin, kernel
-from ..ops import silu as readable
-from .vector_math import sigmoid
+from ...kernels import fast_twin, kernel
+from ...ops.electives import silu as readable
+from ..vector_math import sigmoid
 
 
 @fast_twin(readable.silu_forward)

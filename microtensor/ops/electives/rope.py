@@ -18,10 +18,10 @@ a new token by its absolute position.
 """
 import numpy as np
 
-from ..autograd import Function
-from ..errors import InputError
-from ..gradcheck import gradcheck_case
-from .checks import check_float, check_int
+from ...autograd import Function
+from ...checks import check_float, check_int
+from ...errors import InputError
+from ...gradcheck import gradcheck_case
 
 
 def rope_angles(T, D, offset, dtype, base=10000.0):

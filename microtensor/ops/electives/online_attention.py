@@ -79,19 +79,19 @@ The kernels `online_attention_forward` and `online_attention_backward` below are
 ones: every step above, plain loops over one query at a time, tile by tile over its keys,
 parallel over (b, h) forward and over (b, kv head) backward. Their only scratch is one row of a
 tile (tile_size,) per thread. The fast set's twins multiply blocks with BLAS
-(microtensor/fast/online_attention.py).
+(microtensor/fast/electives/online_attention.py).
 """
 import math
 
 import numpy as np
 from numba import prange
 
-from ..autograd import Function
-from ..errors import InputError
-from ..gradcheck import gradcheck_case
-from ..kernels import active, kernel
-from .attention import check_alibi_slopes, check_query_key_lengths, check_query_key_value
-from .checks import check_flag, check_float, check_int, check_ndim, check_tensor
+from ...autograd import Function
+from ...checks import check_flag, check_float, check_int, check_ndim, check_tensor
+from ...errors import InputError
+from ...gradcheck import gradcheck_case
+from ...kernels import active, kernel
+from ..attention import check_alibi_slopes, check_query_key_lengths, check_query_key_value
 
 # Keys per tile (and queries per tile, in the fast set). The fast backward's two 128 × 128 blocks
 # and the (128, D) tiles of q, k, v and dO they come from fit in a core's second-level cache for

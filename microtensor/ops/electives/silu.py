@@ -33,11 +33,11 @@ of the contiguous arrays. Why each choice:
 import numpy as np
 from numba import prange
 
-from ..autograd import Function
-from ..errors import InputError
-from ..gradcheck import gradcheck_case
-from ..kernels import active, kernel
-from .checks import check_float
+from ...autograd import Function
+from ...checks import check_float
+from ...errors import InputError
+from ...gradcheck import gradcheck_case
+from ...kernels import active, kernel
 
 
 def silu_reference(x):

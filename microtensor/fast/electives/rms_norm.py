@@ -1,4 +1,4 @@
-"""The fast twins of rms_norm's kernels (microtensor/ops/rms_norm.py): the readable loops
+"""The fast twins of rms_norm's kernels (microtensor/ops/electives/rms_norm.py): the readable loops
 themselves, compiled again with other flags.
 
 - rms_norm_forward, rms_norm_backward_input: compiled with REDUCE_FASTMATH, which lets the compiler
@@ -9,9 +9,9 @@ themselves, compiled again with other flags.
 
 All stay on one thread: a row of a GPT's width is too little work to pay for waking a second one.
 """
-from ..kernels import fast_twin, kernel
-from ..ops import rms_norm as readable
-from .vector_math import REDUCE_FASTMATH
+from ...kernels import fast_twin, kernel
+from ...ops.electives import rms_norm as readable
+from ..vector_math import REDUCE_FASTMATH
 
 rms_norm_forward = fast_twin(readable.rms_norm_forward)(
     kernel(fastmath=REDUCE_FASTMATH, tag="fast")(readable.rms_norm_forward)

@@ -75,7 +75,7 @@ the row.
     out_in   4      uint8 (M, ceil(K/2))        (M, ceil(K/G))
 
 The kernels (readable: plain loops that follow the sums above; fast twins in
-microtensor/fast/quantize.py):
+microtensor/fast/electives/quantize.py):
 
     quantize_groups(w, group_size, q_max, q, scale)         q, scale from w (K, M), groups of G rows
     int8_matmul(x, q, scale, out)                           out[n, m] = scale[m] sum_k x[n, k] q[k, m]
@@ -94,11 +94,11 @@ import math
 import numpy as np
 from numba import prange
 
-from .. import autograd
-from ..errors import InputError, InputTypeError
-from ..kernels import active, kernel
-from ..tensor import FLOAT_DTYPES, Tensor, describe
-from .checks import check_float, check_int, check_tensor
+from ... import autograd
+from ...checks import FLOAT_DTYPES, check_float, check_int, check_tensor, describe
+from ...errors import InputError, InputTypeError
+from ...kernels import active, kernel
+from ...tensor import Tensor
 
 BITS = (4, 8)
 Q_MAX = {8: 127, 4: 7}  # 2^(bits-1) - 1: symmetric codes -q_max .. q_max

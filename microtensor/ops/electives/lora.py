@@ -63,12 +63,12 @@ import math
 
 import numpy as np
 
-from ..autograd import Function
-from ..errors import InputError
-from ..gradcheck import gradcheck_case
-from ..kernels import active, kernel
-from .checks import check_float, check_real, check_tensor
-from .matmul import matmul_backward, matmul_forward
+from ...autograd import Function
+from ...checks import check_float, check_real, check_tensor
+from ...errors import InputError
+from ...gradcheck import gradcheck_case
+from ...kernels import active, kernel
+from ..matmul import matmul_backward, matmul_forward
 
 # --------------------------------------------------------------------------------- numpy reference
 

@@ -61,17 +61,17 @@ not chosen. Forward saves the sums s (N,) and the gates; backward needs nothing 
 The kernels are plain serial loops, one row of C numbers at a time: a scatter-add must be serial
 as written (two tokens routed to one row would add into the same numbers at once), and a gather
 is memory traffic the compiler already turns into vector loads. There is no fast twin
-(microtensor/fast/moe.py says why). The indices are checked in Python before any kernel runs:
+(microtensor/fast/__init__.py says why). The indices are checked in Python before any kernel runs:
 the kernels index without bounds checks.
 """
 import numpy as np
 
-from ..autograd import Function
-from ..errors import InputError, InputTypeError
-from ..gradcheck import gradcheck_case
-from ..kernels import active, kernel
-from ..tensor import Tensor, describe
-from .checks import check_float, check_int, check_ndim, check_tensor
+from ...autograd import Function
+from ...checks import check_float, check_int, check_ndim, check_tensor, describe
+from ...errors import InputError, InputTypeError
+from ...gradcheck import gradcheck_case
+from ...kernels import active, kernel
+from ...tensor import Tensor
 
 # --------------------------------------------------------------------------------- numpy reference
 

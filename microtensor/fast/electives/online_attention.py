@@ -1,7 +1,7 @@
-"""The fast twins of online attention's kernels (microtensor/ops/online_attention.py): the same
+"""The fast twins of online attention's kernels (microtensor/ops/electives/online_attention.py): the same
 arguments, the same results, the same saved O and L.
 
-The math (ops/online_attention.py): per query row, walk the keys in tiles keeping the running max
+The math (ops/electives/online_attention.py): per query row, walk the keys in tiles keeping the running max
 m, the running sum ℓ and the accumulator acc, rescaled by e^(m_old - m_new) when the max grows;
 O = acc / ℓ, L = m + log ℓ. Backward: D_i = dO_i · O_i, and per tile P = e^(S - L),
 dP = dO vᵀ, dS = P (dP - D), dq += dS k / √D, dk += dSᵀ q / √D, dv += Pᵀ dO.
@@ -20,7 +20,7 @@ dP = dO vᵀ, dS = P (dP - D), dq += dS k / √D, dk += dSᵀ q / √D, dv += P�
   (backward, so dS = 0 there too).
 - Forward runs one (b, h, query tile) per thread (the tiles of one row of heads are independent);
   backward one (b, kv head) per thread, its group's query heads in turn, since they all add into
-  that head's dk and dv (ops/online_attention.py: no two threads add into one row).
+  that head's dk and dv (ops/electives/online_attention.py: no two threads add into one row).
 - Per thread, forward keeps room for one (tile, tile) block of scores (each block is a
   contiguous (rows, cols) array in it, so that its rows vectorize), a (tile, D) accumulator and
   two (tile,) rows of m and ℓ; backward room for two blocks and one (tile,) row of D_i. dq, dk
@@ -34,10 +34,10 @@ readable kernels run instead.
 import numpy as np
 from numba import prange
 
-from ..kernels import fast_twin, kernel
-from ..ops import online_attention as readable
-from . import blas
-from .vector_math import REDUCE_FASTMATH, exp_of_nonpositive, max_of_row
+from ...kernels import fast_twin, kernel
+from ...ops.electives import online_attention as readable
+from .. import blas
+from ..vector_math import REDUCE_FASTMATH, exp_of_nonpositive, max_of_row
 
 # --------------------------------------------------------------------------------- BLAS on a block
 

@@ -16,17 +16,17 @@ Backward, with g = dL/dy (C,) and d_i = dL/dxhat_i = g_i w_i:
 The forward saves rstd per row (N,); backward rebuilds xhat from x.
 
 The kernels loop over the rows one after the other, like layer_norm.py's. The fast set compiles
-these same loops with other flags (microtensor/fast/rms_norm.py).
+these same loops with other flags (microtensor/fast/electives/rms_norm.py).
 """
 import math
 
 import numpy as np
 
-from ..autograd import Function
-from ..errors import InputError
-from ..gradcheck import gradcheck_case
-from ..kernels import active, kernel
-from .checks import check_float, check_last_dim, check_real, check_tensor
+from ...autograd import Function
+from ...checks import check_float, check_last_dim, check_real, check_tensor
+from ...errors import InputError
+from ...gradcheck import gradcheck_case
+from ...kernels import active, kernel
 
 
 def rms_norm_reference(x, weight=None, eps=1e-5):

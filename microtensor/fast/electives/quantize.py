@@ -1,4 +1,4 @@
-"""The fast twins of the quantized products (microtensor/ops/quantize.py): the same arguments, the
+"""The fast twins of the quantized products (microtensor/ops/electives/quantize.py): the same arguments, the
 same sums.
 
 - int4_matmul: `out` is cut into tiles of ROW_BLOCK rows by COLUMN_BLOCK columns, spread over
@@ -27,9 +27,9 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..kernels import fast_twin, kernel
-from ..ops import quantize as readable
-from .vector_math import REDUCE_FASTMATH
+from ...kernels import fast_twin, kernel
+from ...ops.electives import quantize as readable
+from ..vector_math import REDUCE_FASTMATH
 
 ROW_BLOCK = 16  # rows of x per tile: each unpacked group of codes is used this many times
 COLUMN_BLOCK = 256  # columns per tile: a group's unpacked codes (G, 256) stay in the cache

@@ -1,0 +1,1 @@
+"""The fast twins of the techniques' ops (microtensor/ops/electives/), registered like those above."""
