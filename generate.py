@@ -12,10 +12,10 @@ the log-probability of its result beside greedy decoding's; and speculative deco
 (--draft-dir DIR, docs/speculative-decoding.md), where a smaller model trained by train.py on the
 same tokenizer proposes --speculate tokens that the model checks in one forward: the text has the
 same distribution as sampling from the model alone (the same text at --temperature 0), and the
-program prints how many proposals were accepted. models/beam.py and models/speculative.py hold them.
+program prints how many proposals were accepted. gpt/generation/electives/beam_search.py and gpt/generation/electives/speculative.py hold them.
 
 As train.py, it ends in one line saying what is wrong, never in a traceback: flags are checked
-first, then the checkpoint (models/checkpoint.py refuses a truncated or corrupted file by name),
+first, then the checkpoint (gpt/checkpoints/checkpoint.py refuses a truncated or corrupted file by name),
 then the prompt against the model's vocabulary. Ctrl-C or SIGTERM stop the sampling at once.
 """
 import argparse
@@ -32,13 +32,13 @@ from rich.markup import escape
 import microtensor as mt
 import microtensor.fast.process
 from microtensor.errors import InputError, MicrotensorError
-from models import checkpoint
-from models.beam import beam_search
-from models.bpe import BytePairTokenizer
-from models.data import CharTokenizer, DataError
-from models.quantize import quantize_model, weight_bytes
-from models.sampling import log_softmax
-from models.speculative import SpeculativeStats, speculative_tokens
+from gpt.checkpoints import checkpoint
+from gpt.generation.electives.beam_search import beam_search
+from gpt.text.electives.bpe import BytePairTokenizer
+from gpt.text.data import CharTokenizer, DataError
+from gpt.model.electives.quantize import quantize_model, weight_bytes
+from gpt.generation.sampling import log_softmax
+from gpt.generation.electives.speculative import SpeculativeStats, speculative_tokens
 from programs import cli
 from programs.cli import FlagError, Interrupted, console, signals_handled_by
 
@@ -232,7 +232,7 @@ def generate_samples(args):
             f"{stats.tokens_per_round:.2f} tokens per forward of the model"
             if stats.proposed else "nothing proposed"
         )  # fmt: skip
-        # The windows cap a round's proposals (models/speculative.py, proposals_allowed): say what was proposed.
+        # The windows cap a round's proposals (gpt/generation/electives/speculative.py, proposals_allowed): say what was proposed.
         per_round = f"{stats.proposed / stats.rounds:.2f} proposals per round (--speculate {args.speculate})" if stats.rounds else f"--speculate {args.speculate}"
         how = f"speculative decoding with the draft {args.draft_dir}, {per_round}: {accepted}; {how}"
     console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({escape(how)})[/]")

@@ -17,7 +17,7 @@ results. A mistake or a machine's fault ends in one line saying what is wrong, n
 not overwrite a checkpoint unless told to (--force); a resumed run keeps the checkpoint's model, so
 a model flag that contradicts it is refused. Ctrl-C or SIGTERM stop at the end of the current step,
 after saving it (a second one stops at once; the last checkpoint stays whole, because saves are
-atomic: see models/checkpoint.py). A save that fails (a full disk) stops the run and names the
+atomic: see gpt/checkpoints/checkpoint.py). A save that fails (a full disk) stops the run and names the
 checkpoint that is kept.
 
 The loss of every step is recorded, and with every checkpoint comes its plot, loss.svg in --out-dir
@@ -30,7 +30,7 @@ weights: its model (so its architecture: a model flag that contradicts it is ref
 --resume) and its tokenizer (--data must be text that tokenizer can encode). Alone, --init-from
 fine-tunes every weight, with a new optimizer and the step count from 0, and saves a full
 checkpoint. With --lora-rank r the base's weights are frozen instead, LoRA adapters are added to
-the Linear layers --lora-targets names (models/lora.py, docs/lora.md), the optimizer trains the
+the Linear layers --lora-targets names (gpt/model/electives/lora.py, docs/lora.md), the optimizer trains the
 adapters alone, and the checkpoint in --out-dir holds only them, with a record of the base they
 need (its folder and sha256): generate.py loads the two together, and --resume continues the
 adapters' training. Before the first step the fine-tuning's starting loss on --data is measured,
@@ -51,8 +51,9 @@ import microtensor as mt
 import microtensor.fast.process
 from microtensor import optim
 from microtensor.errors import MicrotensorError
-from models import checkpoint, lora
-from models.gpt import GPTConfig
+from gpt.checkpoints import checkpoint
+from gpt.model.electives import lora
+from gpt.model.transformer import GPTConfig
 from programs import cli, loss_plot, training
 from programs.cli import TrainingStopped, console
 

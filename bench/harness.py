@@ -33,7 +33,7 @@ RESULTS = HERE / "results"
 VECTOR_ISAS = ("avx2", "avx512f", "neon")
 # Two OpenBLAS settings some shared machines set and laptops do not; they slow numpy's BLAS.
 SLOWING_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if str(ROOT) not in sys.path:  # the cases import microtensor and models from the checkout, installed or not
+if str(ROOT) not in sys.path:  # the cases import microtensor and gpt from the checkout, installed or not
     sys.path.insert(0, str(ROOT))
 
 # The environment before tune_process adds its settings: PyTorch's process gets this one.
@@ -196,7 +196,7 @@ def spread(values):
 def trained_checkpoint(folder, data, iters, flags=(), retrain=False):
     """`folder`, holding a model trained by train.py for `iters` steps on `data` with `flags`:
     trained now, unless the folder holds one trained by exactly the same command (retrain=False)."""
-    from models import checkpoint
+    from gpt.checkpoints import checkpoint
 
     folder = Path(folder)
     command = [
@@ -217,7 +217,7 @@ def trained_checkpoint(folder, data, iters, flags=(), retrain=False):
 
 def trained_model(folder):
     """(model in eval mode, tokenizer, meta) of the checkpoint in `folder`."""
-    from models import checkpoint
+    from gpt.checkpoints import checkpoint
 
     model, tokenizer, meta = checkpoint.load_model(folder)
     model.eval()
@@ -228,14 +228,14 @@ def trained_model(folder):
 def decode_kernel_off():
     """Every one-token step of generation through the modules: the fast set's decode kernel is
     asked whether it fits the model, and answers no meanwhile."""
-    import models.decode_kernel
+    import gpt.generation.decode_kernel
 
-    original = models.decode_kernel.decode_kernel_fits
-    models.decode_kernel.decode_kernel_fits = lambda config: False
+    original = gpt.generation.decode_kernel.decode_kernel_fits
+    gpt.generation.decode_kernel.decode_kernel_fits = lambda config: False
     try:
         yield
     finally:
-        models.decode_kernel.decode_kernel_fits = original
+        gpt.generation.decode_kernel.decode_kernel_fits = original
 
 
 # --------------------------------------------------------------------------------- the conditions

@@ -34,7 +34,7 @@ HEADER = """\
 
 microtensor against PyTorch on the same character-level GPT (nanoGPT's laptop recipe for
 Shakespeare: 4 layers, 4 heads, 128 wide, context 64, batch 12), and microtensor's two kernel
-sets against each other. PyTorch runs the same model (`models/torch_gpt.py`, loaded with
+sets against each other. PyTorch runs the same model (`gpt/checkpoints/torch_gpt.py`, loaded with
 microtensor's weights; each case checks that both give the same first loss or the same tokens
 before it times anything) in a process of its own, so that each library keeps its own thread
 settings. Blocks of calls alternate between the two, so that a noisy neighbour slows both alike,

@@ -6,7 +6,7 @@ benchmarks tune how long its threads spin after a kernel as train.py does
 setting or microtensor with PyTorch's, each slower than with its own. So a case that compares with
 PyTorch starts this script with the environment its process was started with, before the tuning,
 and asks it, one JSON line at a time on stdin/stdout, to build the PyTorch version of what it
-measures (models/torch_gpt.py's GPT, or an op) and to time blocks of calls, alternating with
+measures (gpt/checkpoints/torch_gpt.py's GPT, or an op) and to time blocks of calls, alternating with
 blocks of its own (harness.TorchProcess).
 
 Requests: {"setup": kind, ...arguments} builds the timed functions of one benchmark;
@@ -21,7 +21,7 @@ import time
 import numpy as np
 from harness import float_inputs, integer_inputs, random_batch  # harness puts the checkout on sys.path
 
-from models import torch_gpt
+from gpt.checkpoints import torch_gpt
 
 TIMED = {}  # name -> function; a tuple it returns is its own phase timings, else it is timed here
 

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 import microtensor as mt
-from models.gpt import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig
 
 
 def main():

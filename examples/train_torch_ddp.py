@@ -1,9 +1,9 @@
 """Continue training a microtensor GPT in PyTorch, on one or several processes or machines (DDP).
 
-    python -m models.convert out/ model.safetensors                     # in microtensor: export
+    python -m gpt.checkpoints.convert out/ model.safetensors                     # in microtensor: export
     torchrun --standalone --nproc_per_node 2 examples/train_torch_ddp.py model.safetensors \\
         --data input.txt --steps 200 --out trained.safetensors           # 2 processes, one computer
-    python -m models.convert trained.safetensors out2/                  # back into microtensor
+    python -m gpt.checkpoints.convert trained.safetensors out2/                  # back into microtensor
 
 On several machines, run the same command on each with --nnodes, --node_rank and the address of the
 first (docs/pytorch.md shows it). Every process holds the whole model, draws its own batches, and
@@ -12,7 +12,7 @@ batch_size × world_size sequences and every copy of the model takes the same st
 
 This file needs only torch and numpy (and safetensors for .safetensors files): copy it, with the
 export and the text, to machines where microtensor is not installed. The model below mirrors
-models/gpt.py for every option the export's config may hold (norm, mlp, pos, bias, tie_weights),
+gpt/model/transformer.py for every option the export's config may hold (norm, mlp, pos, bias, tie_weights),
 with nanoGPT's names; tests/test_convert.py checks that it computes microtensor's logits.
 """
 import argparse
@@ -127,7 +127,7 @@ class GPT(nn.Module):
 
 
 def read_export(path):
-    """(tensors {name: tensor}, metadata {key: str}) of a file written by `python -m models.convert`."""
+    """(tensors {name: tensor}, metadata {key: str}) of a file written by `python -m gpt.checkpoints.convert`."""
     if str(path).endswith(".safetensors"):
         from safetensors import safe_open
 
@@ -150,7 +150,7 @@ def load_model(path):
 
 def save_model(model, metadata, path):
     """Write the model in the layout it was read in: the same metadata, a tied tensor stored once;
-    `python -m models.convert path out/` imports it. Written to a temporary file first, then renamed."""
+    `python -m gpt.checkpoints.convert path out/` imports it. Written to a temporary file first, then renamed."""
     tied = json.loads(metadata["tied_weights"])
     state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items() if name not in tied}
     tmp = f"{path}.tmp{os.path.splitext(str(path))[1]}"
@@ -175,8 +175,8 @@ def get_batch(ids, block_size, batch_size, rng):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Train a GPT exported by microtensor (python -m models.convert) with PyTorch DDP.")
-    p.add_argument("export", help="the .safetensors or .npz file written by python -m models.convert")
+    p = argparse.ArgumentParser(description="Train a GPT exported by microtensor (python -m gpt.checkpoints.convert) with PyTorch DDP.")
+    p.add_argument("export", help="the .safetensors or .npz file written by python -m gpt.checkpoints.convert")
     p.add_argument("--data", required=True, help="a UTF-8 text file whose characters are all in the export's vocabulary")
     p.add_argument("--out", required=True, help="where to write the trained model (.safetensors or .npz), importable again")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
@@ -255,7 +255,7 @@ def main(argv=None):
         # tensor_sha256 describes the weights that were read, which training changed: it goes
         metadata = {**{k: v for k, v in metadata.items() if k != "tensor_sha256"}, "iteration": str(start_iteration + args.steps)}
         save_model(model, metadata, args.out)
-        print(f"wrote {args.out}: import it with python -m models.convert {args.out} <folder>")
+        print(f"wrote {args.out}: import it with python -m gpt.checkpoints.convert {args.out} <folder>")
     if distributed:
         dist.barrier()  # rank 0 has written the file: every process leaves at the same point
         del trained  # DDP's reducer uses the process group: it goes first

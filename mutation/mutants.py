@@ -506,7 +506,7 @@ MUTANTS = [
     ),
     # ----------------------------------------------------------------------------- the model
     Mutant(
-        "gpt.tied_head_detached", "models/gpt.py",
+        "gpt.tied_head_detached", "gpt/model/transformer.py",
         "logits = x @ wte.weight.T if isinstance(wte, nn.Embedding)",
         "logits = x @ wte.weight.detach().T if isinstance(wte, nn.Embedding)",
         'tests/test_gpt.py -k "test_every_parameter_gradient and learned-True"',
@@ -514,7 +514,7 @@ MUTANTS = [
         why="with tied weights the output layer's gradient never reaches wte",
     ),
     Mutant(
-        "gpt.learned_positions_ignore_offset", "models/gpt.py",
+        "gpt.learned_positions_ignore_offset", "gpt/model/transformer.py",
         "mt.arange(offset, offset + T)",
         "mt.arange(0, T)",
         'tests/test_gpt.py -k "cache_and_an_offset and learned"',
@@ -522,7 +522,7 @@ MUTANTS = [
         why="with a KV cache every new token gets position 0",
     ),
     Mutant(
-        "gpt.rope_ignores_offset", "models/gpt.py",
+        "gpt.rope_ignores_offset", "gpt/model/transformer.py",
         "q, k = F.rope(q, offset), F.rope(k, offset)",
         "q, k = F.rope(q, 0), F.rope(k, 0)",
         'tests/test_gpt.py -k "cache_and_an_offset and rope"',
@@ -530,7 +530,7 @@ MUTANTS = [
         why="with a KV cache every new token is rotated as position 0",
     ),
     Mutant(
-        "gpt.generation_offset", "models/decoder.py",
+        "gpt.generation_offset", "gpt/generation/decoder.py",
         "logits = model(new_tokens, caches=self.caches, offset=self.fed)[0].data",
         "logits = model(new_tokens, caches=self.caches, offset=0)[0].data",
         'tests/test_gpt.py -k "test_cached_generation and readable and learned"',
@@ -538,14 +538,14 @@ MUTANTS = [
         why="generation through the modules passes no offset: the new tokens' positions restart at 0",
     ),
     Mutant(
-        "gpt.kv_cache_stores_values_as_keys", "models/gpt.py",
+        "gpt.kv_cache_stores_values_as_keys", "gpt/model/transformer.py",
         "self.k[:, :, self.length : self.length + T] = k.data",
         "self.k[:, :, self.length : self.length + T] = v.data",
         'tests/test_gpt.py -k "test_cached_generation and readable"',
         jit=True,
     ),
     Mutant(
-        "gpt.window_jumps_at_block_size", "models/decoder.py",
+        "gpt.window_jumps_at_block_size", "gpt/generation/decoder.py",
         "if length - start <= block_size:",
         "if length - start < block_size:",
         'tests/test_gpt.py -k "window_of_the_rule and learned"',
@@ -554,7 +554,7 @@ MUTANTS = [
         "uncached paths share the rule, so comparing them cannot see it)",
     ),
     Mutant(
-        "gpt.window_keeps_too_few", "models/decoder.py",
+        "gpt.window_keeps_too_few", "gpt/generation/decoder.py",
         "return length - max(1, block_size // 2)",
         "return length - max(1, block_size // 2 - 1)",
         'tests/test_gpt.py -k "window_of_the_rule and learned"',
@@ -562,7 +562,7 @@ MUTANTS = [
         why="after a jump the window keeps block_size // 2 - 1 tokens",
     ),
     Mutant(
-        "gpt.decode_position_off_by_one", "models/decoder.py",
+        "gpt.decode_position_off_by_one", "gpt/generation/decoder.py",
         "self.kernel.decode(self.kernel_weights, new_tokens[:, 0], self.fed, self.keys, self.values)",
         "self.kernel.decode(self.kernel_weights, new_tokens[:, 0], self.fed - 1, self.keys, self.values)",
         'tests/test_gpt.py -k "test_cached_generation and fast and layernorm-gelu-learned"',
@@ -570,21 +570,21 @@ MUTANTS = [
         why="the fast one-token step writes over the previous token's cache entry and takes its position",
     ),
     Mutant(
-        "sample.greedy_argmin", "models/sampling.py",
+        "sample.greedy_argmin", "gpt/generation/sampling.py",
         "return logits.argmax(axis=-1)",
         "return logits.argmin(axis=-1)",
         "tests/test_gpt.py -k sampling",
         jit=True,
     ),
     Mutant(
-        "sample.top_k_keeps_one_more", "models/sampling.py",
+        "sample.top_k_keeps_one_more", "gpt/generation/sampling.py",
         "kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]",
         "kth = np.sort(logits, axis=-1)[:, -min(top_k + 1, logits.shape[-1])][:, None]",
         "tests/test_gpt.py -k top_k_keeps",
         jit=True,
     ),
     Mutant(
-        "sample.top_p_drops_the_crossing_token", "models/sampling.py",
+        "sample.top_p_drops_the_crossing_token", "gpt/generation/sampling.py",
         "keep_sorted = above < top_p",
         "keep_sorted = above + sorted_probs < top_p",
         "tests/test_gpt.py -k top_p_keeps",
@@ -592,14 +592,14 @@ MUTANTS = [
         why="the token whose probability carries the total past top_p is dropped, so the kept set may not reach top_p",
     ),
     Mutant(
-        "sample.temperature_multiplies", "models/sampling.py",
+        "sample.temperature_multiplies", "gpt/generation/sampling.py",
         "logits = logits / temperature",
         "logits = logits * temperature",
         "tests/test_gpt.py -k divided_by_the_temperature",
         jit=True,
     ),
     Mutant(
-        "convert.sha256_not_compared", "models/convert.py",
+        "convert.sha256_not_compared", "gpt/checkpoints/convert.py",
         "changed = [name for name in recorded if name in tensors and tensor_sha256(tensors[name]) != recorded[name]]",
         "changed = []",
         'tests/test_convert.py -k "flipped or checksums"',
@@ -607,7 +607,7 @@ MUTANTS = [
         why="the export's per-tensor sha256 read but never compared: a flipped byte imports as other logits",
     ),
     Mutant(
-        "convert.overlap_test_reversed", "models/convert.py",
+        "convert.overlap_test_reversed", "gpt/checkpoints/convert.py",
         "        if begin < end:\n",
         "        if begin > end:\n",
         "tests/test_convert.py -k overlap",
@@ -734,7 +734,7 @@ MUTANTS = [
         why="the fast copy of a leaf's first gradient into .grad drops the signs",
     ),
     Mutant(
-        "decode.tied_head", "models/decode_kernel.py",
+        "decode.tied_head", "gpt/generation/decode_kernel.py",
         "lm_head = parts.wte.weight.data.T if config.tie_weights else",
         "lm_head = parts.wte.weight.data.T if config.tie_weights or config.bias else",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-True-False"',
@@ -742,7 +742,7 @@ MUTANTS = [
         why="the one-token step uses wteᵀ as the output layer of an untied model (with biases)",
     ),
     Mutant(
-        "decode.learned_position", "models/decode_kernel.py",
+        "decode.learned_position", "gpt/generation/decode_kernel.py",
         "x[c] += w.wpe[position, c]",
         "x[c] += w.wpe[position - 1, c]",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-False-True"',
@@ -750,7 +750,7 @@ MUTANTS = [
         why="the new token gets the previous position's embedding",
     ),
     Mutant(
-        "decode.attention_excludes_the_new_token", "models/decode_kernel.py",
+        "decode.attention_excludes_the_new_token", "gpt/generation/decode_kernel.py",
         "n, D = position + 1, keys.shape[1]",
         "n, D = position, keys.shape[1]",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-False-True"',
@@ -758,7 +758,7 @@ MUTANTS = [
         why="the new token attends to the cached positions but not to itself",
     ),
     Mutant(
-        "decode.grouped_head", "models/decode_kernel.py",
+        "decode.grouped_head", "gpt/generation/decode_kernel.py",
         "g = h // group  # the key/value head of h's group",
         "g = h % Hk  # the key/value head of h's group",
         'tests/electives/test_decode_variants.py -k "float64"',
@@ -766,7 +766,7 @@ MUTANTS = [
         why="the one-token step pairs query heads with the wrong shared key/value heads",
     ),
     Mutant(
-        "decode.alibi_sign", "models/decode_kernel.py",
+        "decode.alibi_sign", "gpt/generation/decode_kernel.py",
         "s = s * scale - slope * keys.dtype.type(position - j)",
         "s = s * scale + slope * keys.dtype.type(position - j)",
         'tests/electives/test_decode_variants.py -k "float64"',
@@ -774,7 +774,7 @@ MUTANTS = [
         why="ALiBi rewards distance instead of penalizing it in the one-token step",
     ),
     Mutant(
-        "decode.expert_ties", "models/decode_kernel.py",
+        "decode.expert_ties", "gpt/generation/decode_kernel.py",
         "probs[e] > probs[best]",
         "probs[e] >= probs[best]",
         "tests/electives/test_decode_variants.py -k equal_probabilities",
@@ -782,7 +782,7 @@ MUTANTS = [
         why="experts tied in probability go to the higher number, unlike the module",
     ),
     Mutant(
-        "decode.lora_layer_says_yes", "models/lora.py",
+        "decode.lora_layer_says_yes", "gpt/model/electives/lora.py",
         "fits_decode_kernel = False",
         "fits_decode_kernel = True",
         "tests/test_decoding.py -k unmerged_lora_adapters",

@@ -219,12 +219,12 @@ def run_baseline(worker_dir, jit, tests, options):
 
 
 def check_imports(worker_dir, options):
-    """None if a test run in a copy imports the copy's microtensor and models (not the working
+    """None if a test run in a copy imports the copy's microtensor and gpt (not the working
     tree's, which an editable install also offers), else what it imports instead."""
     project = worker_dir / "project"
     copy_project(project)
     env = environment(worker_dir, False, options.threads)
-    code = "import microtensor, models; print(microtensor.__file__); print(models.__file__)"
+    code = "import microtensor, gpt; print(microtensor.__file__); print(gpt.__file__)"
     result = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, check=False)
     found = result.stdout.split()
     if result.returncode != 0 or len(found) != 2 or not all(Path(f).resolve().is_relative_to(project.resolve()) for f in found):

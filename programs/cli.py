@@ -20,7 +20,7 @@ from rich.markup import escape
 
 import microtensor as mt
 from microtensor.errors import MicrotensorError
-from models.gpt import ConfigError
+from gpt.model.transformer import ConfigError
 
 console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted
 

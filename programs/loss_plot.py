@@ -165,7 +165,7 @@ class LossHistory:
 
     train.py keeps it in the checkpoint's JSON meta (`to_json`, `from_json`), a number per step, so
     that a resumed run draws the whole curve, not only its own part. A checkpoint without it (written
-    before train.py kept it, or imported by models.convert) gives a history that starts at the
+    before train.py kept it, or imported by gpt.checkpoints.convert) gives a history that starts at the
     resumed step, and `note` says so on the plot."""
 
     first_step: int = 0

@@ -18,9 +18,12 @@ from rich.markup import escape
 import microtensor as mt
 from microtensor import optim
 from microtensor.errors import InputError, InputTypeError
-from models import bpe, checkpoint, data, lora
-from models.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
-from models.gpt import GPT, GPTConfig
+from gpt.text.electives import bpe
+from gpt.checkpoints import checkpoint
+from gpt.text import data
+from gpt.model.electives import lora
+from gpt.text.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
+from gpt.model.transformer import GPT, GPTConfig
 from programs import loss_plot
 from programs.cli import FlagError, TrainingStopped, config_flags, config_from_flags, console, flag, signal_name
 
@@ -172,7 +175,7 @@ def set_up(args, explicit, run):
     batches = Batches(ids, config.block_size)
     # Losses are per token; bits per character compare models whose tokens differ (docs/bpe.md).
     val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"])
-    # A checkpoint's dtype (float64 after `models.convert --dtype float64`) is the model's.
+    # A checkpoint's dtype (float64 after `gpt.checkpoints.convert --dtype float64`) is the model's.
     weights = base_state if base_state is not None else model_state if args.resume else None
     dtype = getattr(mt, str(next(iter(weights.values())).dtype)) if weights is not None else mt.float32
     model = GPT(config, dtype=dtype)
@@ -196,7 +199,7 @@ def set_up(args, explicit, run):
                 optimizer.load_state_dict(optim_state)
             except (RuntimeError, ValueError, TypeError) as error:
                 raise checkpoint.CheckpointError(f"{path}: its optimizer state does not fit the model: {error}") from None
-        else:  # a checkpoint imported by models.convert carries no optimizer state
+        else:  # a checkpoint imported by gpt.checkpoints.convert carries no optimizer state
             console.print("the checkpoint holds no optimizer state: AdamW's moments start at zero")
         batch_rng.bit_generator.state = meta["batch_rng"]
         mt.random.set_state(meta["global_rng"])
@@ -252,7 +255,7 @@ class TrainingSetup:
         self.history.add_evaluation(iteration, losses["train"], losses["val"])
 
     def save(self, iteration):
-        """The checkpoint of this step (atomically: models/checkpoint.py), then its loss plot; a save
+        """The checkpoint of this step (atomically: gpt/checkpoints/checkpoint.py), then its loss plot; a save
         that fails stops the run, naming the checkpoint that is kept."""
         args, path = self.args, self.run.path
         meta = {
@@ -450,7 +453,7 @@ def characters_per_token(tokenizer, ids):
 
 def earlier_losses(meta, start, path):
     """The LossHistory a checkpoint of step `start` carries in its meta. One without it (written
-    before train.py kept the curve, or imported by models.convert) or with one that does not fit
+    before train.py kept the curve, or imported by gpt.checkpoints.convert) or with one that does not fit
     gives a history that starts at `start`, which the output says and the plot notes: the curve is
     not needed to train, so it does not stop the run."""
     if "loss_curve" not in meta:

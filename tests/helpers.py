@@ -5,7 +5,7 @@ import pytest
 
 import microtensor as mt
 from microtensor.kernels import active
-from models import checkpoint
+from gpt.checkpoints import checkpoint
 
 JIT_DISABLED = numba.config.DISABLE_JIT
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="the fast kernels need Numba's compiler")

@@ -1,4 +1,4 @@
-"""models/checkpoint.py: saves that never lose or corrupt work, loads that never trust the file.
+"""gpt/checkpoints/checkpoint.py: saves that never lose or corrupt work, loads that never trust the file.
 
 The central test kills a process that saves in a loop at random moments (SIGKILL: no handler, no
 cleanup runs) and loads what is left: it must always be the last checkpoint the writer finished or
@@ -22,8 +22,8 @@ import microtensor as mt
 from microtensor import optim
 from microtensor.errors import MicrotensorError
 from helpers import rewrite_checkpoint as rewrite
-from models import checkpoint
-from models.gpt import GPT, GPTConfig
+from gpt.checkpoints import checkpoint
+from gpt.model.transformer import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=2, n_embd=8)
@@ -126,8 +126,8 @@ WRITER = r"""
 import sys
 import numpy as np
 import microtensor as mt
-from models import checkpoint
-from models.gpt import GPT, GPTConfig
+from gpt.checkpoints import checkpoint
+from gpt.model.transformer import GPT, GPTConfig
 
 out_dir = sys.argv[1]
 config = GPTConfig(vocab_size=5, block_size=64, n_layer=2, n_head=2, n_embd=64)

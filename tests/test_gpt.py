@@ -10,8 +10,8 @@ import pytest
 import microtensor as mt
 from microtensor import GradcheckError, gradcheck
 from microtensor.errors import InputError, InputTypeError
-from models.gpt import GPT, GPTConfig
-from models.sampling import keep_top_k, keep_top_p, sample
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.generation.sampling import keep_top_k, keep_top_p, sample
 
 OPTIONS = [
     dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
@@ -59,14 +59,14 @@ def test_a_wrong_parameter_gradient_is_caught():
     def wrong_gelu(x, approximate="tanh"):
         return mt.functional.tanh(x) * 0 + original(x, approximate).detach() + x * 0.5  # wrong slope
 
-    import models.gpt as gpt
+    import gpt.model.transformer as transformer
 
-    gpt.F.gelu, saved = wrong_gelu, gpt.F.gelu
+    transformer.F.gelu, saved = wrong_gelu, transformer.F.gelu
     try:
         with pytest.raises(GradcheckError):
             gradcheck(lambda p: model(idx)[0], [weight], max_elements=6)
     finally:
-        gpt.F.gelu = saved
+        transformer.F.gelu = saved
 
 
 def test_initial_loss_is_close_to_uniform():
@@ -138,10 +138,10 @@ def test_bad_inputs():
 
 
 def test_matches_the_pytorch_gpt_of_the_benchmarks(kernel_set):
-    """An independent implementation: models/torch_gpt.py, the same model written with PyTorch's own
+    """An independent implementation: gpt/checkpoints/torch_gpt.py, the same model written with PyTorch's own
     layers, loaded with our weights; loss and every gradient agree in float64, in either kernel set."""
     torch = pytest.importorskip("torch")
-    from models import torch_gpt
+    from gpt.checkpoints import torch_gpt
 
     torch.set_default_dtype(torch.float64)
     try:
@@ -237,7 +237,7 @@ def assert_close(name, fast, readable, tolerance):
 def test_the_readable_and_fast_kernel_sets_give_the_same_model(options, dtype):
     """For every model option and both float types, the loss, every parameter's gradient and a
     KV-cache generation (the greedy tokens and their logits: the fast set decodes one-token steps
-    with models/decode_kernel.py, the readable set runs them through the modules) agree between
+    with gpt/generation/decode_kernel.py, the readable set runs them through the modules) agree between
     the two kernel sets, to CROSS_SET_TOLERANCE."""
     tolerance = CROSS_SET_TOLERANCE[dtype]
     readable_loss, readable_gradients, readable_generated = loss_gradients_and_generation("readable", dtype, options)
@@ -255,10 +255,10 @@ def test_the_readable_and_fast_kernel_sets_give_the_same_model(options, dtype):
 @needs_the_jit
 @pytest.mark.parametrize("options", EVERY_OPTION_PARAMS)
 def test_decode_step_equals_the_module_forward(options):
-    """models/decode_kernel.py against GPT.forward run by the readable kernels, in float64, where
+    """gpt/generation/decode_kernel.py against GPT.forward run by the readable kernels, in float64, where
     only the order of the sums differs: the logits of each new token, and the keys and values it
     writes into the cache."""
-    from models.decode_kernel import decode, decode_weights
+    from gpt.generation.decode_kernel import decode, decode_weights
 
     model = perturbed(mt.float64, **options)
     tokens = np.random.default_rng(2).integers(0, 7, (2, 8))  # B = 2, a whole block
@@ -283,7 +283,7 @@ def test_cached_generation_equals_the_module_forward_past_block_size(options, ke
     under the fast set, and through the modules with the KV cache under the readable set."""
     calls = []
     if not numba.config.DISABLE_JIT:  # without the JIT the fast set cannot run, so nothing to watch
-        from models import decode_kernel as fast_decode
+        from gpt.generation import decode_kernel as fast_decode
 
         def counted_decode(*args):
             calls.append(args[2])
@@ -427,7 +427,7 @@ def test_forward_with_a_cache_and_an_offset_equals_the_full_forward(options, ker
 def test_decode_with_a_square_head_equals_the_module_forward(tie_weights, pos):
     """vocab_size == n_embd, so that the head (C, V) and its transpose have the same shape: a decode
     path that used wte without the transpose (or lm_head when tied) would run and be wrong."""
-    from models.decode_kernel import decode, decode_weights
+    from gpt.generation.decode_kernel import decode, decode_weights
 
     mt.manual_seed(1)
     model = GPT(GPTConfig(vocab_size=8, block_size=6, n_layer=1, n_head=2, n_embd=8, pos=pos, tie_weights=tie_weights), dtype=mt.float64)
@@ -566,7 +566,7 @@ def test_forward_checks_the_offset_and_the_caches():
 def test_decode_checks_what_its_kernel_would_index():
     """Before: a batch larger than the cache arrays was written out of bounds, and tokens were not
     checked against the vocabulary. Every check runs before the kernel, so no JIT is needed."""
-    from models.decode_kernel import decode, decode_weights
+    from gpt.generation.decode_kernel import decode, decode_weights
 
     model = tiny(dtype=mt.float32)
     weights = decode_weights(model)

@@ -283,7 +283,7 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
     Run a float32 GPT step and generation in both sets, then compile again every kernel that was
     called with float32 arrays, for those argument types (one memory layout of each), and look at
     the types Numba inferred for its variables and arithmetic."""
-    from models.gpt import GPT, GPTConfig
+    from gpt.model.transformer import GPT, GPTConfig
 
     for kernel_set in ("readable", "fast"):
         with mt.using_kernels(kernel_set):

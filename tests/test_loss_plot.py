@@ -12,7 +12,7 @@ from test_programs import TINY, said, write_corpus
 
 import train
 from microtensor.errors import InputError
-from models import checkpoint
+from gpt.checkpoints import checkpoint
 from programs import loss_plot
 from programs.loss_plot import BLOCKS, LossHistory, loss_curve_svg, loss_text_chart, running_mean, text_chart
 

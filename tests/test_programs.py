@@ -29,8 +29,9 @@ import generate
 import microtensor as mt
 import train
 from microtensor.errors import MicrotensorError
-from models import checkpoint, data
-from models.gpt import GPT, GPTConfig
+from gpt.checkpoints import checkpoint
+from gpt.text import data
+from gpt.model.transformer import GPT, GPTConfig
 from programs import training
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ One sequence (batch 1) grows from a 1-token prompt to block_size tokens, so the 
 reaches the window rule. Four variants generate the same tokens: microtensor with its KV cache
 (with the fast kernel set, whose decode kernel takes each new token through the whole model),
 microtensor recomputing the whole context for every token, and the same two in PyTorch
-(models/torch_gpt.py, with the same weights). The case checks that all four produce the same token
+(gpt/checkpoints/torch_gpt.py, with the same weights). The case checks that all four produce the same token
 sequence before it times anything.
 
 Each timed run is one whole generation. The variants run in alternation, so a noisy neighbour
@@ -19,7 +19,7 @@ import numpy as np
 from harness import alternate, number, ratio, start_torch, x
 
 import microtensor as mt
-from models.gpt import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=256, n_layer=4, n_head=4, n_embd=128)
 NEW_TOKENS = RECIPE["block_size"] - 1  # from a 1-token prompt up to a full block

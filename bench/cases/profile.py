@@ -16,7 +16,7 @@ import numpy as np
 import microtensor as mt
 from microtensor import optim
 from microtensor.autograd import Function
-from models.gpt import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 12

@@ -28,7 +28,7 @@ from harness import alternate, block_ratios, float_inputs, number, over_blocks, 
 
 import microtensor as mt
 from microtensor import optim
-from models.gpt import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 12

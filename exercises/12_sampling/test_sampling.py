@@ -2,10 +2,10 @@
 import numpy as np
 
 from exercises.checking import CheckFailed, expect, expect_close, expect_equal, expect_raises
-from models.sampling import keep_top_k as microtensor_top_k
-from models.sampling import keep_top_p as microtensor_top_p
-from models.sampling import sample as microtensor_sample
-from models.sampling import token_distribution
+from gpt.generation.sampling import keep_top_k as microtensor_top_k
+from gpt.generation.sampling import keep_top_p as microtensor_top_p
+from gpt.generation.sampling import sample as microtensor_sample
+from gpt.generation.sampling import token_distribution
 
 # The 0.999 quantile of the chi-square distribution with d degrees of freedom, d = 1 .. 8: a right
 # sampler exceeds it once in a thousand seeds (and this check's seed is fixed).
@@ -33,7 +33,7 @@ def test_top_k_keeps_ties_like_microtensor(impl):
     )
     for k in range(1, 8):
         expect_equal(f"keep_top_k of (3, 6) logits with ties, k={k}", impl.keep_top_k(logits, k), microtensor_top_k(logits, k),
-                     "models.sampling.keep_top_k")  # fmt: skip
+                     "gpt.generation.sampling.keep_top_k")  # fmt: skip
     single = logits.astype(np.float32)
     expect(impl.keep_top_k(single, 3).dtype == np.float32, "keep_top_k of float32 logits must stay float32")
 
@@ -73,7 +73,7 @@ def test_top_p_keeps_the_smallest_nucleus(impl):
     random_probs[0] /= random_probs[0].sum()
     for p in (0.1, 0.33, 0.7, 0.9, 0.999):
         expect_equal(f"keep_top_p of (4, 6) random probabilities, p={p}", impl.keep_top_p(random_probs, p),
-                     microtensor_top_p(random_probs, p), "models.sampling.keep_top_p")  # fmt: skip
+                     microtensor_top_p(random_probs, p), "gpt.generation.sampling.keep_top_p")  # fmt: skip
 
 
 OPTIONS = [  # (temperature, top_k, top_p)
@@ -90,7 +90,7 @@ def test_distribution_matches_microtensor(impl):
         probs = impl.distribution(logits, temperature, top_k, top_p)
         expected = token_distribution(logits, temperature, top_k, top_p)
         what = f"distribution(temperature={temperature}, top_k={top_k}, top_p={top_p}) of (3, 6) logits"
-        expect_close(what, probs, expected, "models.sampling.token_distribution", atol=1e-12)
+        expect_close(what, probs, expected, "gpt.generation.sampling.token_distribution", atol=1e-12)
     probs = impl.distribution(logits.astype(np.float32), 0.7, 3, 0.9)
     expect(probs.dtype == np.float64, f"distribution of float32 logits gave {probs.dtype}: compute the probabilities in float64")
 
@@ -112,7 +112,7 @@ def test_sample_matches_microtensor_sample(impl):
         tokens = impl.sample(logits, np.random.default_rng(21), temperature, top_k, top_p)
         expected = microtensor_sample(logits, temperature, top_k, top_p, np.random.default_rng(21))
         expect_equal(f"sample(temperature={temperature}, top_k={top_k}, top_p={top_p}) of (5, 7) logits, seed 21",
-                     tokens, expected, "models.sampling.sample (one rng.choice(V, p=row) per row, in order)")  # fmt: skip
+                     tokens, expected, "gpt.generation.sampling.sample (one rng.choice(V, p=row) per row, in order)")  # fmt: skip
 
 
 def test_frequencies_follow_the_filtered_distribution(impl):

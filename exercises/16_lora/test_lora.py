@@ -4,7 +4,7 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from exercises.checking import CheckFailed, expect, expect_close, expect_equal, gradcheck, random_tensor
-from models.lora import LoRALinear as MicrotensorLoRALinear
+from gpt.model.electives.lora import LoRALinear as MicrotensorLoRALinear
 
 N_IN, N_OUT, RANK, ALPHA = 4, 5, 2, 3.0  # s = α / r = 1.5: a scale forgotten anywhere shows
 
@@ -120,7 +120,7 @@ def test_init_starts_as_the_base_layer(impl):
 
 
 def test_merge_gives_the_same_layer(impl):
-    """merge: W + (α/r) A B equals models.lora's merged weight, and x W' equals the LoRA output"""
+    """merge: W + (α/r) A B equals gpt.model.electives.lora's merged weight, and x W' equals the LoRA output"""
     for dtype, atol in [(np.float64, 1e-12), (np.float32, 1e-5)]:
         x, weight, lora_a, lora_b = layer(40, dtype)
         merged = impl.merge(weight.numpy(), lora_a.numpy(), lora_b.numpy(), ALPHA)
@@ -130,6 +130,6 @@ def test_merge_gives_the_same_layer(impl):
         reference.lora_a.data, reference.lora_b.data = lora_a.numpy().copy(), lora_b.numpy().copy()
         name = np.dtype(dtype).name
         expect_close(f"the merged weight ({N_IN}, {N_OUT}) in {name}", merged, reference.merged_weight(),
-                     "models.lora.LoRALinear.merged_weight", atol=atol, rtol=1e-5)  # fmt: skip
+                     "gpt.model.electives.lora.LoRALinear.merged_weight", atol=atol, rtol=1e-5)  # fmt: skip
         y = impl.lora_linear(x, weight, lora_a, lora_b, ALPHA)
         expect_close(f"x W' with your merged weight, in {name}", x.numpy() @ merged, y, "the LoRA layer's y", atol=atol, rtol=1e-5)

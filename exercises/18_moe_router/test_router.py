@@ -4,7 +4,7 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from exercises.checking import CheckFailed, as_array, expect, expect_close, expect_equal, gradcheck, random_tensor
-from models.moe import MixtureOfExperts
+from gpt.model.electives.moe import MixtureOfExperts
 
 
 def positive_probs(shape, seed):
@@ -81,9 +81,9 @@ def test_route_matches_microtensor(impl):
             expected_experts = F.top_k_experts(probs_reference, k)
             expect_close(f"probs (6, 5) in {name}", probs, probs_reference, "F.softmax(x @ w)", atol=atol, rtol=1e-5)
             expect_equal(f"experts (6, {k}) in {name}", experts, expected_experts, "F.top_k_experts")
-            if k == 1:  # models/moe.py's Switch gate: the chosen probability, not renormalized
+            if k == 1:  # gpt/model/electives/moe.py's Switch gate: the chosen probability, not renormalized
                 expected_gates = np.take_along_axis(probs_reference, expected_experts, axis=1)
-                reference = "the chosen probability p[n, e] (models/moe.py with top_k = 1)"
+                reference = "the chosen probability p[n, e] (gpt/model/electives/moe.py with top_k = 1)"
                 expect(
                     not (np.shape(gates) == (6, 1) and np.allclose(as_array(gates), 1.0)),
                     f"gates (6, 1) in {name}: every k = 1 gate is 1.0: q/q = 1 does not depend on the router; "
@@ -110,7 +110,7 @@ def test_route_gradient_matches_finite_differences(impl):
 
 
 def test_aux_loss_matches_models_moe(impl):
-    """the aux loss and its gradient in the router weight equal models/moe.py's, k = 1 and 2"""
+    """the aux loss and its gradient in the router weight equal gpt/model/electives/moe.py's, k = 1 and 2"""
     with mt.num_threads(1):  # tiny arrays: waking threads would cost more than the work
         for k in (1, 2):
             check_aux_loss_against_models_moe(impl, k)
@@ -127,10 +127,10 @@ def check_aux_loss_against_models_moe(impl, k):
     probs = F.softmax(x @ w, dim=-1)
     loss = impl.load_balancing_loss(probs, F.top_k_experts(probs, k))
     expect(isinstance(loss, mt.Tensor) and loss.shape == (), f"load_balancing_loss must return a scalar Tensor, got {loss!r}")
-    expect_close(f"the aux loss, k = {k}", loss, layer.aux_loss, "MixtureOfExperts.aux_loss (models/moe.py)")
+    expect_close(f"the aux loss, k = {k}", loss, layer.aux_loss, "MixtureOfExperts.aux_loss (gpt/model/electives/moe.py)")
     loss.backward()
     expect(w.grad is not None, "no gradient reached the router weight through your aux loss: build it from tensor ops")
-    expect_close(f"d aux / d W_r (4, 4), k = {k}", w.grad, layer.router.weight.grad, "models/moe.py's aux loss backward", atol=1e-12)
+    expect_close(f"d aux / d W_r (4, 4), k = {k}", w.grad, layer.router.weight.grad, "gpt/model/electives/moe.py's aux loss backward", atol=1e-12)
 
 
 def test_aux_loss_known_values(impl):

@@ -2,8 +2,8 @@
 import numpy as np
 
 from exercises.checking import CheckFailed, expect, expect_close, expect_equal
-from models.sampling import token_distribution
-from models.speculative import accept_or_resample
+from gpt.generation.sampling import token_distribution
+from gpt.generation.electives.speculative import accept_or_resample
 
 # chi-square values exceeded with probability 0.001 by a right rule, for V - 1 degrees of freedom
 CHI_SQUARE_AT_0_001 = {2: 13.82, 3: 16.27}
@@ -53,7 +53,7 @@ def test_residual_distribution(impl):
 
 
 def test_matches_microtensor_with_the_same_seed(impl):
-    """with the same seed, the emitted tokens equal models/speculative.py's accept_or_resample, k = 1, 2, 3"""
+    """with the same seed, the emitted tokens equal gpt/generation/electives/speculative.py's accept_or_resample, k = 1, 2, 3"""
     rng = np.random.default_rng(1)
     for trial in range(60):
         k, V = 1 + trial % 3, 3 + trial % 2
@@ -71,7 +71,7 @@ def test_matches_microtensor_with_the_same_seed(impl):
         expect_equal(
             f"the tokens emitted (trial {trial}: k = {k}, V = {V}, draft {draft.tolist()}, rng seed {seed}; "
             "one rng.random() per proposal, then one per sample(), as the README says)",
-            got, expected, "accept_or_resample in models/speculative.py",
+            got, expected, "accept_or_resample in gpt/generation/electives/speculative.py",
         )
 
 

@@ -1,4 +1,4 @@
-"""The byte-level BPE tokenizer (models/bpe.py) against hand computations and slow, independent
+"""The byte-level BPE tokenizer (gpt/text/electives/bpe.py) against hand computations and slow, independent
 implementations written here: a hand-written chunk scanner (str methods, no regex), a trainer
 that recounts every pair after every merge, and an encoder that applies every merge, in the order
 learned, to each chunk's whole byte list."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from microtensor.errors import InputError, InputIndexError, InputTypeError
-from models.bpe import BytePairTokenizer, bits_per_character, count_characters, split_chunks
+from gpt.text.electives.bpe import BytePairTokenizer, bits_per_character, count_characters, split_chunks
 
 # Enough repeats to matter, and never fewer than the loaded profile asks for (cheap tests: no kernels).
 MANY = settings(max_examples=max(100, settings().max_examples))

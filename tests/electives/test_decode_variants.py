@@ -1,4 +1,4 @@
-"""The fast set's one-token decode kernel (models/decode_kernel.py) on the transformer variants:
+"""The fast set's one-token decode kernel (gpt/generation/decode_kernel.py) on the transformer variants:
 grouped-query attention, sinusoidal and ALiBi positions and the mixture-of-experts MLP, alone and
 combined with each other and with the older options (rope, learned positions, SwiGLU, RMSNorm,
 untied weights, biases, online attention).
@@ -14,9 +14,9 @@ import pytest
 
 import microtensor as mt
 from microtensor.ops.electives.moe import top_k_experts_reference
-from models import decode_kernel as kernel_module
-from models.decode_kernel import decode_kernel_fits
-from models.gpt import GPT, GPTConfig
+from gpt.generation import decode_kernel as kernel_module
+from gpt.generation.decode_kernel import decode_kernel_fits
+from gpt.model.transformer import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the decode kernel is the fast set's: it needs Numba's compiler")
 
@@ -65,7 +65,7 @@ def generation(model, monkeypatch, use_decode_kernel, new_tokens=NEW_TOKENS):
     """A greedy KV-cache generation under the fast set, from a batch of two 3-token prompts: at
     each step the token ids (B,), the logits (B, V) and a copy of the cache arrays (keys, values),
     and how many steps the decode kernel took."""
-    from models import decode_kernel as fast_decode
+    from gpt.generation import decode_kernel as fast_decode
 
     calls, arrays = [], []
     original_decode, original_arrays = fast_decode.decode, model.new_cache_arrays
@@ -125,7 +125,7 @@ def test_the_cache_of_grouped_heads_holds_n_kv_head_heads(monkeypatch):
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_experts_with_equal_probabilities_are_chosen_as_the_module_chooses(top_k, monkeypatch):
     """A router of zeros gives every expert the same probability: the module's stable sort takes
-    the lowest expert numbers (models/moe.py), and so must the kernel, or other experts run and the
+    the lowest expert numbers (gpt/model/electives/moe.py), and so must the kernel, or other experts run and the
     logits differ."""
     model = perturbed(mt.float64, mlp="moe", n_expert=4, expert_top_k=top_k)
     for block in model.transformer.h:
@@ -142,8 +142,8 @@ def test_route_against_a_sort_in_python(dtype):
     """The kernel's router for one token against numpy and Python's sort: the softmax, the top_k
     experts (equal probabilities: the lower number first; columns repeated in the router give
     exact ties) and the gates (renormalized over the chosen experts; with top_k = 1 the
-    probability itself, as models/moe.py does)."""
-    from models.decode_kernel import route
+    probability itself, as gpt/model/electives/moe.py does)."""
+    from gpt.generation.decode_kernel import route
 
     rng = np.random.default_rng(5)
     C, E = 16, 6
@@ -181,7 +181,7 @@ def test_every_option_takes_the_decode_kernel():
 def test_alibi_positions_are_limited_by_the_cache_only():
     """ALiBi has no position table: the kernel accepts every position of the cache, and no more."""
     from microtensor.errors import InputError
-    from models.decode_kernel import decode, decode_weights
+    from gpt.generation.decode_kernel import decode, decode_weights
 
     model = perturbed(mt.float64, pos="alibi")
     weights = decode_weights(model)

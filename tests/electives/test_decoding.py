@@ -1,4 +1,4 @@
-"""Beam search and speculative decoding (models/beam.py, models/speculative.py) and their flags in generate.py.
+"""Beam search and speculative decoding (gpt/generation/electives/beam_search.py, gpt/generation/electives/speculative.py) and their flags in generate.py.
 
 Every expected value comes from outside the code under test: greedy decoding from GPT.generate,
 log-probabilities from one forward without a cache and a log-softmax written here, the exhaustive
@@ -18,15 +18,16 @@ import generate
 import microtensor as mt
 from helpers import needs_jit
 from microtensor.errors import InputError
-from models import checkpoint, speculative
-from models.beam import beam_search
-from models.bpe import BytePairTokenizer
-from models.data import CharTokenizer
-from models.decoder import Decoder
-from models.gpt import GPT, GPTConfig
-from models.lora import add_lora, merge_lora
-from models.quantize import quantize_model
-from models.speculative import SpeculativeDecoder, accept_or_resample, speculative_generate
+from gpt.checkpoints import checkpoint
+from gpt.generation.electives import speculative
+from gpt.generation.electives.beam_search import beam_search
+from gpt.text.electives.bpe import BytePairTokenizer
+from gpt.text.data import CharTokenizer
+from gpt.generation.decoder import Decoder
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.electives.lora import add_lora, merge_lora
+from gpt.model.electives.quantize import quantize_model
+from gpt.generation.electives.speculative import SpeculativeDecoder, accept_or_resample, speculative_generate
 
 
 def tiny_gpt(seed, scale=3.0, dtype=mt.float64, **options):

@@ -12,9 +12,9 @@ import pytest
 import microtensor as mt
 from microtensor import GradcheckError, gradcheck, optim
 from microtensor.errors import InputError
-from models import checkpoint
+from gpt.checkpoints import checkpoint
 from microtensor.nn import sinusoidal_embedding, sinusoidal_positions
-from models.gpt import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig
 
 VOCAB = 7
 needs_the_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the fast kernels need Numba's compiler")

@@ -19,9 +19,9 @@ from microtensor.nn import StateDictError
 from microtensor.ops.electives.lora import LoRALinear as LoRALinearOp
 from microtensor.ops.electives.lora import lora_linear, lora_linear_reference
 from helpers import needs_jit, rewrite_checkpoint as rewrite
-from models import checkpoint
-from models.gpt import GPT, GPTConfig
-from models.lora import (
+from gpt.checkpoints import checkpoint
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.electives.lora import (
     LoRALinear, add_lora, count_parameters, has_lora, load_lora_state_dict, lora_layers, lora_parameters,
     lora_state_dict, merge_lora,
 )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer (models/moe.py) and its ops (microtensor/ops/electives/moe.py).
+"""The mixture-of-experts layer (gpt/model/electives/moe.py) and its ops (microtensor/ops/electives/moe.py).
 
 - Each op against numpy written here; the layer against a dense numpy MoE written here (every
   expert on every token, weighted by the renormalized top-k gates (top-1: the probability itself),
@@ -18,7 +18,7 @@ import microtensor as mt
 from microtensor.errors import InputError, InputTypeError
 from microtensor.ops.electives import moe as ops
 from helpers import needs_jit
-from models.moe import MixtureOfExperts, expert_utilization, total_aux_loss
+from gpt.model.electives.moe import MixtureOfExperts, expert_utilization, total_aux_loss
 
 TIE_GAP = 1e-2  # the least gap between a token's k-th and (k+1)-th probability in gradient checks
 

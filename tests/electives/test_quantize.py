@@ -1,4 +1,4 @@
-"""Weight quantization (microtensor/ops/electives/quantize.py, models/quantize.py), against numpy written here.
+"""Weight quantization (microtensor/ops/electives/quantize.py, gpt/model/electives/quantize.py), against numpy written here.
 
 - quantize: the codes and scales equal this file's own absmax quantization (int8 per output
   channel, int4 per group, both layouts, all-zero columns included), and the int4 bytes follow the
@@ -27,8 +27,8 @@ import microtensor as mt
 from microtensor.errors import GraphError, InputError, InputTypeError
 from microtensor.ops.electives import quantize as Q
 from helpers import fast_twin_of, needs_jit
-from models.gpt import GPT, GPTConfig
-from models.quantize import QuantizedEmbedding, QuantizedLinear, is_quantized, quantize_model, weight_bytes
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.electives.quantize import QuantizedEmbedding, QuantizedLinear, is_quantized, quantize_model, weight_bytes
 
 Q_MAX = {8: 127, 4: 7}
 EPS = {np.float32: np.finfo(np.float32).eps, np.float64: np.finfo(np.float64).eps}

@@ -7,8 +7,8 @@ import pytest
 
 import generate
 import train
-from models import checkpoint
-from models.bpe import BytePairTokenizer
+from gpt.checkpoints import checkpoint
+from gpt.text.electives.bpe import BytePairTokenizer
 from test_programs import TINY, corpus, said, write_corpus  # noqa: F401 (corpus is a fixture)
 
 

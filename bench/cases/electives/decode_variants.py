@@ -5,7 +5,7 @@ weights (the initialization), greedy generation of 200 tokens from a 1-token pro
 the KV cache, under the fast kernel set. Each variant changes one option of the baseline (learned
 positions, 4 key/value heads, the GELU MLP): ALiBi positions, one key/value head (multi-query), a
 mixture of 4 experts with 2 per token. Each runs two ways: "kernel", where every one-token step is
-one call of models/decode_kernel.py, and "fallback", where `decode_kernel_fits` is made to say
+one call of gpt/generation/decode_kernel.py, and "fallback", where `decode_kernel_fits` is made to say
 no (harness.decode_kernel_off), so every step goes through the modules (the path these options took before the kernel
 covered them). 200 tokens pass block_size, so both also rebuild the cache through the modules
 every 32 tokens (the window rule).
@@ -20,8 +20,8 @@ import numpy as np
 from harness import conditions_line, decode_kernel_off, in_turns
 
 import microtensor as mt
-from models import decode_kernel
-from models.gpt import GPT, GPTConfig
+from gpt.generation import decode_kernel
+from gpt.model.transformer import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 NEW_TOKENS = 200

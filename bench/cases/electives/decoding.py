@@ -1,4 +1,4 @@
-"""Beam search and speculative decoding (models/beam.py, models/speculative.py) on a trained target and draft.
+"""Beam search and speculative decoding (gpt/generation/electives/beam_search.py, gpt/generation/electives/speculative.py) on a trained target and draft.
 
     python bench/run.py decoding [--iters 500] [--repeat 3] [--retrain]
 
@@ -30,12 +30,12 @@ import numpy as np
 from harness import TINYSHAKESPEARE, conditions_line, median_seconds, trained_checkpoint, trained_model
 
 import microtensor as mt
-from models import checkpoint
-from models.beam import beam_search
-from models.decoder import Decoder
-from models.gpt import GPT, GPTConfig
-from models.sampling import log_softmax
-from models.speculative import speculative_generate
+from gpt.checkpoints import checkpoint
+from gpt.generation.electives.beam_search import beam_search
+from gpt.generation.decoder import Decoder
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.generation.sampling import log_softmax
+from gpt.generation.electives.speculative import speculative_generate
 
 TARGET_FLAGS = []  # the default recipe
 DRAFT_FLAGS = ["--n-layer", "1", "--n-head", "4", "--n-embd", "64"]

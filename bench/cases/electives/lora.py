@@ -28,8 +28,8 @@ from harness import ROOT, TINYSHAKESPEARE, alternate, conditions_line
 
 import microtensor as mt
 import train
-from models import checkpoint
-from models.lora import add_lora
+from gpt.checkpoints import checkpoint
+from gpt.model.electives.lora import add_lora
 
 DOCS = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "ops").glob("*.md"))
 

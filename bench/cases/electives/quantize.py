@@ -1,4 +1,4 @@
-"""int8 and int4 weights (models/quantize.py) against float32: bytes, validation loss, generation speed.
+"""int8 and int4 weights (gpt/model/electives/quantize.py) against float32: bytes, validation loss, generation speed.
 
     python bench/run.py quantize [--iters 500] [--checkpoint DIR] [--retrain]
 
@@ -20,7 +20,7 @@ input rows):
   float32 is also timed through the modules ("float32, modules": the decode kernel switched off
   here by harness.decode_kernel_off), which is the fair comparison of the
   products. With block_size 64, every variant feeds its last 32 tokens through the modules again
-  each time the window passes block_size (models/decoder.py's window rule): that is in every time.
+  each time the window passes block_size (gpt/generation/decoder.py's window rule): that is in every time.
   Also: where the greedy tokens first differ from float32's (once one token differs, the
   texts go separate ways, so the count of equal tokens after it says little).
 """
@@ -33,8 +33,8 @@ import numpy as np
 from harness import TINYSHAKESPEARE, conditions_line, decode_kernel_off, in_turns, trained_checkpoint, trained_model
 
 import microtensor as mt
-from models.data import Batches, load_text
-from models.quantize import quantize_model, weight_bytes
+from gpt.text.data import Batches, load_text
+from gpt.model.electives.quantize import quantize_model, weight_bytes
 
 NEW_TOKENS = 200
 EVAL_WINDOWS_PER_BATCH = 32

@@ -1,19 +1,19 @@
-"""The byte-level BPE tokenizer (models/bpe.py) on tinyshakespeare: training time, encoding speed, characters per token.
+"""The byte-level BPE tokenizer (gpt/text/electives/bpe.py) on tinyshakespeare: training time, encoding speed, characters per token.
 
 For each vocabulary size the tokenizer is trained on the whole of ../shared/data/tinyshakespeare.txt
 (beside the project's folder, as tests/test_programs.py finds it), then encodes the whole text. A
 time is the median of --repeat runs (default 3), each in this process, one after the other; encode
 throughput is the text's UTF-8 bytes over the median encode time (each encode starts with an empty
 cache: its cache lives in one call). The case checks that every encoding decodes back to the
-text before it reports anything. The character tokenizer (models/data.py) is measured alike, as
+text before it reports anything. The character tokenizer (gpt/text/data.py) is measured alike, as
 the baseline: its "training" is collecting the set of characters.
 """
 from pathlib import Path
 
 from harness import TINYSHAKESPEARE, conditions_line, median_seconds
 
-from models.bpe import BytePairTokenizer
-from models.data import CharTokenizer
+from gpt.text.electives.bpe import BytePairTokenizer
+from gpt.text.data import CharTokenizer
 
 VOCAB_SIZES = (512, 1024, 2048)
 

@@ -23,9 +23,9 @@ from harness import TINYSHAKESPEARE, conditions_line
 
 import microtensor as mt
 from microtensor import optim
-from models.bpe import BytePairTokenizer, bits_per_character, count_characters
-from models.data import Batches, CharTokenizer
-from models.gpt import GPT, GPTConfig
+from gpt.text.electives.bpe import BytePairTokenizer, bits_per_character, count_characters
+from gpt.text.data import Batches, CharTokenizer
+from gpt.model.transformer import GPT, GPTConfig
 
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
 BATCH, EVAL_BATCHES = 12, 40

@@ -56,7 +56,7 @@ left is elementwise, and is written here as plain loops: `add_scaled` (y += s ·
 row), `scale_in_place` and `sum_rows` (the bias's gradient).
 
 Merging. After training, W' = W + s A B folds the adapter into the base weight, and x W' + b is the
-same function as this op (up to rounding: the sums run in another order): models/lora.py's
+same function as this op (up to rounding: the sums run in another order): gpt/model/electives/lora.py's
 `merge_lora`.
 """
 import math

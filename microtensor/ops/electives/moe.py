@@ -11,7 +11,7 @@ outputs weighted by the gates, the k chosen probabilities divided by their sum:
 
 An expert runs only on the rows routed to it: gather them (`gather_rows`), run the expert on those
 M rows, and add its answers back into their tokens' rows, each times its gate (`scatter_add_rows`).
-The model (models/moe.py) strings these together; this file holds the ops and their backward.
+The model (gpt/model/electives/moe.py) strings these together; this file holds the ops and their backward.
 
 The choice itself, `top_k_experts`, is a selection made with numpy: it has no gradient (a small
 change of p either keeps the same experts, and then the choice's derivative is 0, or swaps two

@@ -6,7 +6,7 @@
 Every gradient flows through ops whose backward is hand-written and gradient-checked: there is no
 numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
 - norm: LayerNorm or RMSNorm; mlp: GELU, SwiGLU, or a mixture of experts ("moe": n_expert GELU
-  MLPs, each token routed to expert_top_k of them, with a load-balancing loss, models/moe.py);
+  MLPs, each token routed to expert_top_k of them, with a load-balancing loss, gpt/model/electives/moe.py);
 - pos: learned positions (a table of block_size rows), rotary ("rope", applied to q and k),
   sinusoidal (a fixed sin/cos table added to the embeddings) or ALiBi (a per-head penalty on the
   scores that grows with distance, no table at all); all but learned can run past block_size;
@@ -17,8 +17,8 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
   when untied).
 The options combine freely.
 
-Generation (`generate`, `generate_tokens`) samples over a Decoder (models/sampling.py,
-models/decoder.py), which keeps each layer's keys and values in a `KVCache` (below) so that a new
+Generation (`generate`, `generate_tokens`) samples over a Decoder (gpt/generation/sampling.py,
+gpt/generation/decoder.py), which keeps each layer's keys and values in a `KVCache` (below) so that a new
 token costs one token's work, and applies the context window rule past block_size. With caches,
 `forward` takes the new tokens at positions offset .. offset + T - 1 of the window.
 
@@ -36,8 +36,8 @@ import microtensor.functional as F
 from microtensor import InputError, InputTypeError, nn
 from microtensor.nn import sinusoidal_embedding
 
-from .decoder import check_generation_options, check_ids, check_prompt
-from .sampling import sampled_tokens
+from gpt.generation.decoder import check_generation_options, check_ids, check_prompt
+from gpt.generation.sampling import sampled_tokens
 
 
 class ConfigError(InputError):
@@ -260,7 +260,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, dtype)
         self.ln_2 = _norm(config, dtype)
         if config.mlp == "moe":
-            from models.moe import MixtureOfExperts
+            from gpt.model.electives.moe import MixtureOfExperts
 
             hidden = 4 * config.n_embd  # each expert is as wide as the dense GELU MLP
             self.mlp = MixtureOfExperts(
@@ -338,7 +338,7 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if self.config.tie_weights:
             wte = self.transformer.wte
-            # a quantized table (models/quantize.py) computes x @ wteᵀ from its codes: there is no float weight
+            # a quantized table (gpt/model/electives/quantize.py) computes x @ wteᵀ from its codes: there is no float weight
             logits = x @ wte.weight.T if isinstance(wte, nn.Embedding) else wte.tied_head(x)  # (B, T, C) @ (C, V)
         else:
             logits = self.lm_head(x)
@@ -348,7 +348,7 @@ class GPT(nn.Module):
     def moe_aux_loss(self):
         """The sum over blocks of the mixture-of-experts load-balancing loss of the last forward (a
         Tensor; add it to the loss with a coefficient), or None when the MLPs are not experts."""
-        from models.moe import total_aux_loss
+        from gpt.model.electives.moe import total_aux_loss
 
         return total_aux_loss(self)
 
@@ -408,7 +408,7 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True, seed=None):
         """idx (B, T) -> (B, T + max_new_tokens) int tensor: greedy when temperature is 0, else sampled
         from softmax(logits / temperature), optionally limited to the top_k tokens or to the smallest
-        set whose probability reaches top_p (models/sampling.py, over models/decoder.py's Decoder).
+        set whose probability reaches top_p (gpt/generation/sampling.py, over gpt/generation/decoder.py's Decoder).
 
         idx: integer ids in [0, vocab_size), B >= 1 sequences of T >= 1 tokens (a Tensor, an array or
         nested lists); max_new_tokens an int >= 0; temperature a finite number >= 0; top_k None or

@@ -1,6 +1,6 @@
 r"""A byte-level byte-pair-encoding (BPE) tokenizer, written by hand: `--tokenizer bpe --vocab-size N`.
 
-The character tokenizer (models/data.py) gives every character its own id, so a model spends one
+The character tokenizer (gpt/text/data.py) gives every character its own id, so a model spends one
 prediction per character. BPE instead learns, from the training text, which runs of bytes are
 common ("the", " and", "ing") and gives each its own id, so the same text is fewer tokens and a
 block of `block_size` tokens sees more text.

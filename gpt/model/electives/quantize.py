@@ -27,7 +27,7 @@ backward is refused (there is nothing to differentiate). The products refuse an 
 a gradient while gradients are on (ops/electives/quantize.py says why). Quantize a copy (load the checkpoint
 again) to keep training the float model.
 
-Generation. The fast kernel set's one-token decode kernel (models/decode_kernel.py) reads float
+Generation. The fast kernel set's one-token decode kernel (gpt/generation/decode_kernel.py) reads float
 weights only; a quantized model (`is_quantized`) takes every token through the modules, with the
 same KV cache, so the cached and recomputed paths still give the same logits.
 """
@@ -37,14 +37,14 @@ import microtensor as mt
 from microtensor import FLOAT_DTYPES, InputError, InputTypeError, nn
 from microtensor.checks import check_int
 from microtensor.nn import BITS, DEFAULT_GROUP_SIZE, QuantizedMatrix, quantize, quantized_matmul, quantized_rows
-from models.lora import lora_layers
+from gpt.model.electives.lora import lora_layers
 
 
 class QuantizedLinear(nn.Module):
     """nn.Linear's call, y = x @ Ŵ + b, with Ŵ (in_features, out_features) held as a QuantizedMatrix
     (`weight`: codes and scales, not a Parameter) and the bias kept as the float Parameter it was."""
 
-    fits_decode_kernel = False  # the one-token kernel (models/decode_kernel.py) reads float weights, not codes
+    fits_decode_kernel = False  # the one-token kernel (gpt/generation/decode_kernel.py) reads float weights, not codes
 
     def __init__(self, linear, bits=8, group_size=None):
         super().__init__()
@@ -71,7 +71,7 @@ class QuantizedEmbedding(nn.Module):
     It stands for W = tableᵀ (C, V), so the same codes serve the lookup (rows of the table) and the
     tied head (`tied_head`: x @ tableᵀ)."""
 
-    fits_decode_kernel = False  # the one-token kernel (models/decode_kernel.py) reads float weights, not codes
+    fits_decode_kernel = False  # the one-token kernel (gpt/generation/decode_kernel.py) reads float weights, not codes
 
     def __init__(self, embedding, bits=8, group_size=None):
         super().__init__()
@@ -132,7 +132,7 @@ def quantize_model(model, bits=8, group_size=None):
     if adapted:
         raise InputError(
             f"quantize_model: {', '.join(adapted[:3])}{' ...' if len(adapted) > 3 else ''} hold unmerged LoRA adapters, "
-            "which a quantized layer cannot keep; merge them into the weights first (models.lora.merge_lora)"
+            "which a quantized layer cannot keep; merge them into the weights first (gpt.model.electives.lora.merge_lora)"
         )
     targets = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
     if not targets:

@@ -55,7 +55,7 @@ KINDS = ("gelu", "swiglu")
 
 class Expert(nn.Module):
     """One expert: the GPT's MLP without its dropout, (M, C) -> (M, C). GELU: c_proj(gelu(c_fc(x)));
-    SwiGLU: c_proj(swiglu(c_fc(x), c_up(x))). Same parameter names as models/gpt.py's MLP."""
+    SwiGLU: c_proj(swiglu(c_fc(x), c_up(x))). Same parameter names as gpt/model/transformer.py's MLP."""
 
     def __init__(self, n_embd, hidden, bias, dtype, kind):
         super().__init__()

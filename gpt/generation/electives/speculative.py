@@ -17,7 +17,7 @@ target's greedy output. Both Decoders are rolled back (`Decoder.rollback`) to th
 `.length`: the positions past it are never read (attention reads positions < length only) and
 are overwritten by the next tokens.
 
-The context window: both models follow the Decoder's rule (models/decoder.py). Where a window
+The context window: both models follow the Decoder's rule (gpt/generation/decoder.py). Where a window
 starts depends only on the sequence's length, never on its tokens, so a round can choose how many
 tokens to propose so that neither model's window moves inside the round (it moves, if it must, at
 the start of the next round): the target then scores each position with the very window plain
@@ -29,9 +29,9 @@ import numpy as np
 
 from microtensor.errors import InputError, InputTypeError
 
-from .decoder import Decoder, check_generation_options, check_one_sequence, is_int
-from .gpt import GPT
-from .sampling import token_distribution
+from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int
+from gpt.model.transformer import GPT
+from gpt.generation.sampling import token_distribution
 
 
 @dataclass

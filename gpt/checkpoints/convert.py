@@ -1,9 +1,9 @@
 """Move a GPT between microtensor and PyTorch: export a checkpoint in nanoGPT's layout, import one back.
 
-    python -m models.convert out/ model.safetensors      # export: train.py's checkpoint -> a file PyTorch loads
-    python -m models.convert out/ model.npz              # the same as a numpy archive (no extra package)
-    python -m models.convert model.safetensors out2/     # import: such a file -> out2/ckpt.npz
-    python -m models.convert lora/ model.npz --merge-lora  # a LoRA fine-tuning: adapters folded into the base
+    python -m gpt.checkpoints.convert out/ model.safetensors      # export: train.py's checkpoint -> a file PyTorch loads
+    python -m gpt.checkpoints.convert out/ model.npz              # the same as a numpy archive (no extra package)
+    python -m gpt.checkpoints.convert model.safetensors out2/     # import: such a file -> out2/ckpt.npz
+    python -m gpt.checkpoints.convert lora/ model.npz --merge-lora  # a LoRA fine-tuning: adapters folded into the base
 
 The direction follows the first argument: a folder (holding train.py's ckpt.npz) is exported, a file is
 imported. After an import, `generate.py --out-dir out2` samples from the model and `train.py
@@ -41,7 +41,7 @@ under the key `__metadata__`):
     format                 "microtensor-gpt"
     format_version         "1"   (an importer refuses a newer version rather than guess)
     microtensor_version    the version that wrote the file
-    config                 JSON of models.gpt.GPTConfig: the architecture and every option
+    config                 JSON of gpt.model.transformer.GPTConfig: the architecture and every option
     vocab                  JSON string of the characters, in id order (id i is vocab[i])
     tied_weights           JSON {"lm_head.weight": "transformer.wte.weight"}, or {} when untied
     linear_weight_layout   "(out_features, in_features)", so that a reader need not guess
@@ -78,7 +78,7 @@ from microtensor import nn
 from microtensor.errors import MicrotensorError
 
 from . import checkpoint
-from .gpt import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig
 
 FORMAT = "microtensor-gpt"
 FORMAT_VERSION = 1
@@ -424,9 +424,9 @@ def _open_npz(path):
         if "meta" in arrays and any(name.startswith("model/") for name in arrays):
             raise ConvertError(
                 f"{path} is a train.py checkpoint, not an export: export its folder first "
-                f"(python -m models.convert {path.parent} model.npz)"
+                f"(python -m gpt.checkpoints.convert {path.parent} model.npz)"
             )
-        raise ConvertError(f"{path} has no {METADATA_KEY} entry: it was not written by an export (models.convert)")
+        raise ConvertError(f"{path} has no {METADATA_KEY} entry: it was not written by an export (gpt.checkpoints.convert)")
     try:
         metadata = json.loads(str(arrays.pop(METADATA_KEY)))
     except ValueError as error:
@@ -442,7 +442,7 @@ def _check_metadata(path, metadata):
     if metadata.get("format") != FORMAT:
         raise ConvertError(
             f"{path}: its metadata has format {metadata.get('format')!r}, expected {FORMAT!r}; "
-            "only files written by an export (models.convert, or code that copies its metadata) can be imported"
+            "only files written by an export (gpt.checkpoints.convert, or code that copies its metadata) can be imported"
         )
     try:
         version = int(metadata.get("format_version", ""))
@@ -531,18 +531,18 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="python -m models.convert",
+        prog="python -m gpt.checkpoints.convert",
         description=(
             "Export a train.py checkpoint to nanoGPT's layout for PyTorch, or import such a file back as a\n"
             "checkpoint. The direction follows SOURCE: a folder is exported, a file is imported."
         ),
         epilog=(
             "examples:\n"
-            "  python -m models.convert out/ model.safetensors   export (pip install safetensors for this format)\n"
-            "  python -m models.convert out/ model.npz           export to a numpy archive (nothing more needed)\n"
-            "  python -m models.convert model.safetensors out2/  import, then: python generate.py --out-dir out2\n"
+            "  python -m gpt.checkpoints.convert out/ model.safetensors   export (pip install safetensors for this format)\n"
+            "  python -m gpt.checkpoints.convert out/ model.npz           export to a numpy archive (nothing more needed)\n"
+            "  python -m gpt.checkpoints.convert model.safetensors out2/  import, then: python generate.py --out-dir out2\n"
             "                                                    or: python train.py --out-dir out2 --resume ...\n"
-            "  python -m models.convert lora/ model.npz --merge-lora   export a LoRA fine-tuning, adapters merged\n"
+            "  python -m gpt.checkpoints.convert lora/ model.npz --merge-lora   export a LoRA fine-tuning, adapters merged\n"
             "docs/pytorch.md shows how to load the file into PyTorch and train it there, also with DDP."
         ),
         formatter_class=_HelpFormatter,

@@ -63,7 +63,7 @@ class LoRALinear(nn.Module):
     weight and bias are taken over, the same Parameter objects, with requires_grad set to False.
     """
 
-    fits_decode_kernel = False  # the one-token kernel (models/decode_kernel.py) would leave out the low-rank term
+    fits_decode_kernel = False  # the one-token kernel (gpt/generation/decode_kernel.py) would leave out the low-rank term
 
     def __init__(self, linear, rank, alpha, name="the layer"):
         super().__init__()

@@ -1,7 +1,7 @@
 """The Decoder: a GPT's logits for growing sequences, one new token (or a prompt) at a time.
 
-Every way of generating (sampling in models/sampling.py, beam search in models/beam.py,
-speculative decoding in models/speculative.py) is an algorithm over a Decoder: it hands the
+Every way of generating (sampling in gpt/generation/sampling.py, beam search in gpt/generation/electives/beam_search.py,
+speculative decoding in gpt/generation/electives/speculative.py) is an algorithm over a Decoder: it hands the
 Decoder the sequences so far, gets the logits of their new positions, chooses tokens, and repeats.
 The Decoder owns everything those algorithms share:
 
@@ -13,7 +13,7 @@ The Decoder owns everything those algorithms share:
 - the step, chosen once when it is made: without a cache the whole window goes through the model
   every time; with one, the new tokens go through the modules, or, under the fast kernel set
   (`mt.set_kernels("fast")`, the default) for one token per sequence, through one kernel call for
-  the whole model (models/decode_kernel.py), which gives the same logits and writes the same cache.
+  the whole model (gpt/generation/decode_kernel.py), which gives the same logits and writes the same cache.
 
 The context window rule (`window_start`), shared by the cached and uncached steps so that both
 compute the same logits: the model sees the tokens from `start` on; once they would exceed
@@ -74,7 +74,7 @@ class Decoder:
             self.caches = model.new_caches(batch, (self.keys, self.values))
             if mt.get_kernels() == "fast":
                 # imported here: the kernel is the fast set's, and the readable set never imports it
-                from models import decode_kernel
+                from gpt.generation import decode_kernel
 
                 if decode_kernel.can_run(model):
                     self.kernel, self.kernel_weights = decode_kernel, decode_kernel.decode_weights(model)

@@ -1,14 +1,14 @@
-"""models/gpt.py's GPT written again in PyTorch, with nanoGPT's names and layout: the reference that
+"""gpt/model/transformer.py's GPT written again in PyTorch, with nanoGPT's names and layout: the reference that
 the tests and the benchmarks compare microtensor with.
 
-Two uses, one model. tests/test_convert.py loads microtensor's export (models/convert.py) into it
+Two uses, one model. tests/test_convert.py loads microtensor's export (gpt/checkpoints/convert.py) into it
 and checks that both compute the same logits, loss and gradients: the export is right only if a
 PyTorch model of the same architecture, written independently of microtensor, reads it into the
 same function. The benchmarks (bench/torch_side.py) load a microtensor GPT's weights into it
 (`from_arrays`) and time it against microtensor, in training and in generation with a KV cache.
 It is written the way a PyTorch user would write it: nn.Linear, F.scaled_dot_product_attention.
 
-The architecture, option by option (models/gpt.py says the same in microtensor's terms):
+The architecture, option by option (gpt/model/transformer.py says the same in microtensor's terms):
 
     x = wte(idx) [+ wpe(0 .. T-1) if pos == "learned"]                       (B, T, C)
     each block:  x = x + attn(norm(x));  x = x + mlp(norm(x))                pre-norm residual stream
@@ -65,7 +65,7 @@ def causal_attention(q, k, v):
 
 
 class KVCache:
-    """Preallocated keys and values (B, H, block_size, D) and a write position, as in models/gpt.py."""
+    """Preallocated keys and values (B, H, block_size, D) and a write position, as in gpt/model/transformer.py."""
 
     def __init__(self, batch, n_head, block_size, head_size):
         self.k = torch.zeros(batch, n_head, block_size, head_size)

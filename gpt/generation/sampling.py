@@ -1,4 +1,4 @@
-"""Sampling: the next token from the logits, greedy or drawn, over a Decoder (models/decoder.py).
+"""Sampling: the next token from the logits, greedy or drawn, over a Decoder (gpt/generation/decoder.py).
 
     logits (B, V) of the last position -> greedy: argmax
                                        -> else: softmax(logits / temperature), keeping only the
@@ -12,12 +12,12 @@ import numpy as np
 
 from microtensor.errors import InputError
 
-from .decoder import Decoder, check_generation_options
+from gpt.generation.decoder import Decoder, check_generation_options
 
 
 def sampled_tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
     """Yield (next token ids (B,), their logits (B, V)) one step at a time, from prompt (B, T) int64
-    (checked by the caller); see models/decoder.py for the window rule past block_size."""
+    (checked by the caller); see gpt/generation/decoder.py for the window rule past block_size."""
     rng = np.random.default_rng(seed)
     with Decoder(model, prompt.shape[0], prompt.shape[1], use_kv_cache) as decoder:
         sequences = prompt

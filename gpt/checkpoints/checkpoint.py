@@ -30,7 +30,7 @@ guessed at.
 Adapter checkpoints
 -------------------
 A run of `train.py --init-from BASE --lora-rank r` trains LoRA adapters on a frozen base model
-(models/lora.py), and its checkpoint holds the adapters alone (`model/...lora_a`, `model/...lora_b`)
+(gpt/model/electives/lora.py), and its checkpoint holds the adapters alone (`model/...lora_a`, `model/...lora_b`)
 and the optimizer's state for them. Its meta names the base it needs:
 
     "lora": {"base": the base checkpoint's folder, "base_sha256": the sha256 of its ckpt.npz,
@@ -58,10 +58,10 @@ import numpy as np
 import microtensor as mt
 from microtensor import InputError, InputTypeError, MicrotensorError
 
-from .bpe import BytePairTokenizer
-from .data import CharTokenizer
-from .gpt import GPT, GPTConfig
-from .lora import add_lora, generator_left_alone, load_lora_state_dict, lora_state_dict, merge_lora
+from gpt.text.electives.bpe import BytePairTokenizer
+from gpt.text.data import CharTokenizer
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.electives.lora import add_lora, generator_left_alone, load_lora_state_dict, lora_state_dict, merge_lora
 
 FILENAME = "ckpt.npz"
 FORMAT = "microtensor-checkpoint"
@@ -294,8 +294,8 @@ def _unreadable(path, error):
 def _read_meta(path, entry):
     if entry is None:
         raise CheckpointError(
-            f"{path} holds no meta entry, so it was not written by train.py (an export of models.convert? "
-            f"import it with: python -m models.convert FILE FOLDER)"
+            f"{path} holds no meta entry, so it was not written by train.py (an export of gpt.checkpoints.convert? "
+            f"import it with: python -m gpt.checkpoints.convert FILE FOLDER)"
         )
     if entry.dtype.kind != "U" or entry.shape != ():
         raise CheckpointError(f"{path}: its meta entry is {entry.dtype} of shape {entry.shape}, expected a JSON string")

@@ -1,4 +1,4 @@
-"""Generation's one-token step: every layer of the GPT of models/gpt.py for one new token, in one kernel.
+"""Generation's one-token step: every layer of the GPT of gpt/model/transformer.py for one new token, in one kernel.
 
 This is the fast set's replacement for one generation step through the modules. It encodes that
 GPT, so it lives beside it: `decode_weights` reads the model by its attribute names
@@ -13,7 +13,7 @@ gathered once per generation into a `DecodeWeights`, and each token is a single 
 `decode_step`, whose loops run on plain arrays. It computes what `GPT.forward` computes for the
 last position (the same logits to float rounding: the sums run in another order) and writes the
 same keys and values into the same cache arrays, so a cache filled by the modules (a prompt, many
-tokens at once) can be continued here and the other way round. The `Decoder` (models/decoder.py)
+tokens at once) can be continued here and the other way round. The `Decoder` (gpt/generation/decoder.py)
 calls it only under the fast kernel set; under the readable set every token goes through the modules.
 
 For one sequence b with its new token at window position t, x the residual stream (C,), H query
@@ -39,7 +39,7 @@ F the MLP's hidden width:
     m_h: ALiBi's slope of head h (0 for every head without ALiBi: the term is then exactly 0)
     mlp(a) = sum over the chosen experts e of gate_e expert_e(a):
         a dense MLP is one expert, always chosen, with gate 1;
-        a mixture of E experts (models/moe.py): p = softmax(a @ router.W) (E,), the top_k most
+        a mixture of E experts (gpt/model/electives/moe.py): p = softmax(a @ router.W) (E,), the top_k most
         probable experts are chosen (equal probabilities: the lower expert number first, as the
         module's stable sort), gate_e = p_e / (sum of the chosen p), or p_e itself when top_k = 1
     expert(a) = gelu(a @ c_fc.W + b) @ c_proj.W + b                         (GELU)
@@ -138,8 +138,8 @@ def decode_kernel_fits(config):
 def can_run(model):
     """Whether the kernel computes this model as it is now: its options (`decode_kernel_fits`), and
     every layer's answer. The kernel reads each layer's weight and bias only, so a layer that
-    computes something else from them (models/lora.py's adapter adds a low-rank product,
-    models/quantize.py's layers keep integer codes) answers no with `fits_decode_kernel = False`."""
+    computes something else from them (gpt/model/electives/lora.py's adapter adds a low-rank product,
+    gpt/model/electives/quantize.py's layers keep integer codes) answers no with `fits_decode_kernel = False`."""
     return decode_kernel_fits(model.config) and all(getattr(layer, "fits_decode_kernel", True) for layer in model.modules())
 
 
@@ -460,11 +460,11 @@ def route(a, router_weight, top_k, probs, chosen, gates):
     """A mixture of experts' choice for one token a (C,): probs (E,) = softmax(a @ router_weight
     (C, E)); chosen (E,) marks the top_k most probable experts; gates (E,) = each chosen expert's
     probability over the sum of the chosen ones (with top_k = 1: the probability itself, Switch
-    Transformer's gate, as models/moe.py has it), 0 for the others.
+    Transformer's gate, as gpt/model/electives/moe.py has it), 0 for the others.
 
     The experts are picked one at a time, each the most probable of those left: a strict > keeps
     the first of equal probabilities, the lower expert number, which is the order the module's
-    stable sort gives (models/moe.py), so both choose the same experts. The chosen probabilities
+    stable sort gives (gpt/model/electives/moe.py), so both choose the same experts. The chosen probabilities
     are summed in the order they were picked, as the module sums them."""
     E = probs.shape[0]
     zero = a.dtype.type(0)

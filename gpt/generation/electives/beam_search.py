@@ -22,7 +22,7 @@ finished (set aside), and the hypotheses, finished or not, are ranked by
 ranks by log-probability, which favours short hypotheses (every token adds a negative term);
 alpha = 1 ranks by the mean log-probability per token.
 
-Past block_size the beams follow the Decoder's context window rule (models/decoder.py): where the
+Past block_size the beams follow the Decoder's context window rule (gpt/generation/decoder.py): where the
 window starts depends only on the sequences' length, so every beam's window starts at one place,
 and every logit the search uses is one that plain generation would compute for the same tokens.
 """
@@ -33,8 +33,8 @@ import numpy as np
 from microtensor.errors import InputError
 from microtensor.checks import is_real_number
 
-from .decoder import Decoder, check_generation_options, check_one_sequence, is_int
-from .sampling import log_softmax
+from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int
+from gpt.generation.sampling import log_softmax
 
 
 @dataclass

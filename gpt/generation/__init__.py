@@ -1,0 +1,1 @@
+"""Generation: one Decoder makes every next token; sampling and the one-token kernel beside it."""

@@ -1,0 +1,1 @@
+"""Decoding algorithms over the same Decoder: beam search and speculative decoding."""

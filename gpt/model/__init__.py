@@ -1,0 +1,1 @@
+"""The transformer: transformer.py is the default GPT; electives/ holds the techniques that change it."""

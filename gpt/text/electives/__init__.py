@@ -1,0 +1,1 @@
+"""Another tokenizer: byte-level BPE."""

@@ -1,1 +1,0 @@
-"""Models built on microtensor: a character-level GPT, its data and its checkpoints."""
