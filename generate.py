@@ -7,9 +7,9 @@
     python generate.py --draft-dir out-small            # speculative decoding with a small draft model
 
 Three ways to generate: sampling (or greedy, --temperature 0) one token at a time, the default;
-beam search (--beam K, docs/beam-search.md), which keeps the K most probable hypotheses and prints
+beam search (--beam K, docs/electives/beam-search.md), which keeps the K most probable hypotheses and prints
 the log-probability of its result beside greedy decoding's; and speculative decoding
-(--draft-dir DIR, docs/speculative-decoding.md), where a smaller model trained by train.py on the
+(--draft-dir DIR, docs/electives/speculative-decoding.md), where a smaller model trained by train.py on the
 same tokenizer proposes --speculate tokens that the model checks in one forward: the text has the
 same distribution as sampling from the model alone (the same text at --temperature 0), and the
 program prints how many proposals were accepted. gpt/generation/electives/beam_search.py and gpt/generation/electives/speculative.py hold them.
@@ -57,13 +57,13 @@ def build_parser():
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context for every token (slower; same result)")
     cli.add_kernels_argument(p, p)
-    beam = p.add_argument_group("beam search (docs/beam-search.md)")
+    beam = p.add_argument_group("beam search (docs/electives/beam-search.md)")
     beam.add_argument("--beam", type=int, default=None, metavar="K", help="beam search with K beams instead of sampling (1 is greedy); deterministic, so it takes no --temperature > 0, --top-k or --top-p")
     beam.add_argument("--length-penalty", type=float, default=0.0, metavar="ALPHA", help="with --beam and --stop: rank hypotheses by log-probability / length^ALPHA (0: by log-probability)")
     beam.add_argument("--stop", default=None, metavar="TEXT", help="with --beam: a hypothesis ends when it generates this text (one token of the tokenizer, e.g. a newline)")
     p.add_argument("--merge-lora", action="store_true", help="for a LoRA fine-tuning's checkpoint: fold the adapters into the base's weights first (same logits, and the one-token kernel can run)")
-    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="store every weight matrix in 8 bits (per output channel) or 4 bits (groups of 32) and compute from the codes (docs/quantization.md)")
-    spec = p.add_argument_group("speculative decoding (docs/speculative-decoding.md)")
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="store every weight matrix in 8 bits (per output channel) or 4 bits (groups of 32) and compute from the codes (docs/electives/quantization.md)")
+    spec = p.add_argument_group("speculative decoding (docs/electives/speculative-decoding.md)")
     spec.add_argument("--draft-dir", default=None, metavar="DIR", help="folder of a smaller model's checkpoint, trained by train.py with the same tokenizer, that proposes tokens for this one to check")
     spec.add_argument("--speculate", type=int, default=DEFAULT_SPECULATE, metavar="K", help="tokens the draft proposes per round, with --draft-dir")
     return p

@@ -30,7 +30,7 @@ weights: its model (so its architecture: a model flag that contradicts it is ref
 --resume) and its tokenizer (--data must be text that tokenizer can encode). Alone, --init-from
 fine-tunes every weight, with a new optimizer and the step count from 0, and saves a full
 checkpoint. With --lora-rank r the base's weights are frozen instead, LoRA adapters are added to
-the Linear layers --lora-targets names (gpt/model/electives/lora.py, docs/lora.md), the optimizer trains the
+the Linear layers --lora-targets names (gpt/model/electives/lora.py, docs/electives/lora.md), the optimizer trains the
 adapters alone, and the checkpoint in --out-dir holds only them, with a record of the base they
 need (its folder and sha256): generate.py loads the two together, and --resume continues the
 adapters' training. Before the first step the fine-tuning's starting loss on --data is measured,
@@ -71,7 +71,7 @@ def build_parser():
     data.add_argument("--seed", type=int, default=1337, help="seed for initialization, batches and dropout")
     cli.add_kernels_argument(p, data)
     cli.add_config_flags(p.add_argument_group("model"), GPTConfig)  # --n-layer, --n-head, ...: GPTConfig's fields
-    data.add_argument("--tokenizer", choices=("char", "bpe"), default="char", help="one token per character, or byte-level BPE trained on the training text (docs/bpe.md)")
+    data.add_argument("--tokenizer", choices=("char", "bpe"), default="char", help="one token per character, or byte-level BPE trained on the training text (docs/electives/bpe.md)")
     data.add_argument("--vocab-size", type=int, default=512, help="tokens of --tokenizer bpe: the 256 byte values and the merges learned")
     train = p.add_argument_group("optimization")
     train.add_argument("--batch-size", type=int, default=12, help="sequences per step")
@@ -87,7 +87,7 @@ def build_parser():
     train.add_argument("--moe-aux-weight", type=float, default=0.01, help="coefficient of the experts' load-balancing loss, with --mlp moe")
     tune = p.add_argument_group("fine-tuning")
     tune.add_argument("--init-from", metavar="DIR", default=None, help="start from the checkpoint train.py wrote in DIR (its model and tokenizer) instead of random weights; alone, fine-tune every weight")
-    tune.add_argument("--lora-rank", type=int, default=None, help="with --init-from: freeze the base and train LoRA adapters of this rank instead (docs/lora.md); the checkpoint holds the adapters alone and names its base")
+    tune.add_argument("--lora-rank", type=int, default=None, help="with --init-from: freeze the base and train LoRA adapters of this rank instead (docs/electives/lora.md); the checkpoint holds the adapters alone and names its base")
     tune.add_argument("--lora-alpha", type=float, default=None, help="LoRA's alpha: the adapters add (alpha / rank) A B to each weight (default: the rank, so alpha / rank = 1)")
     tune.add_argument("--lora-targets", default=",".join(lora.DEFAULT_TARGETS), help="the Linear layers to adapt, by name, comma-separated: c_attn, c_proj (attention's and the MLP's), c_fc, c_up, lm_head, or a longer name such as attn.c_proj")
     evals = p.add_argument_group("evaluation")

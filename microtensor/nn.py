@@ -478,7 +478,7 @@ class Dropout(Module):
 
 # ================================================================================= position tables
 # The sinusoidal table of "Attention Is All You Need": a constant the GPT adds to its token
-# embeddings with pos="sinusoidal" (docs/positions.md). It lives beside the layers rather than in
+# embeddings with pos="sinusoidal" (docs/electives/positions.md). It lives beside the layers rather than in
 # ops/ because it is not an op: nothing here has a backward, it is a table of numbers a model uses.
 
 

@@ -173,7 +173,7 @@ def set_up(args, explicit, run):
         raise DataError(f"--data {args.data} does not fit {whose} vocabulary: {error}") from None
     del text
     batches = Batches(ids, config.block_size)
-    # Losses are per token; bits per character compare models whose tokens differ (docs/bpe.md).
+    # Losses are per token; bits per character compare models whose tokens differ (docs/electives/bpe.md).
     val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"])
     # A checkpoint's dtype (float64 after `gpt.checkpoints.convert --dtype float64`) is the model's.
     weights = base_state if base_state is not None else model_state if args.resume else None

@@ -74,19 +74,19 @@ class GPTConfig:
     dropout: float = option(0.0, "dropout probability")
     bias: bool = option(False, "biases in Linear and LayerNorm layers")
     norm: str = option("layernorm", "normalization layer", choices=("layernorm", "rmsnorm"))
-    mlp: str = option("gelu", "MLP kind: moe is a mixture of `n_expert` GELU MLPs (docs/moe.md)", choices=("gelu", "swiglu", "moe"))
+    mlp: str = option("gelu", "MLP kind: moe is a mixture of `n_expert` GELU MLPs (docs/electives/moe.md)", choices=("gelu", "swiglu", "moe"))
     pos: str = option(
-        "learned", "position encoding: a learned table, rotary, a fixed sinusoidal table, or ALiBi's distance penalty (docs/positions.md)",
+        "learned", "position encoding: a learned table, rotary, a fixed sinusoidal table, or ALiBi's distance penalty (docs/electives/positions.md)",
         choices=POSITION_SCHEMES,
     )  # fmt: skip
     tie_weights: bool = option(True, "a separate output layer instead of reusing the token embedding")  # the flag says "no"
     n_kv_head: int | None = option(
         None, "key/value heads, dividing `n_head`: 1 is multi-query, fewer than `n_head` grouped-query attention "
-        "(default: `n_head`, multi-head; docs/grouped-query-attention.md)",
+        "(default: `n_head`, multi-head; docs/electives/grouped-query-attention.md)",
     )  # fmt: skip
     attention: str = option(
         "standard", "attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's "
-        "tiles) keeps one number per row (docs/online-attention.md)", choices=("standard", "online"),
+        "tiles) keeps one number per row (docs/electives/online-attention.md)", choices=("standard", "online"),
     )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))

@@ -1,4 +1,4 @@
-"""Beam search (docs/beam-search.md): the most probable continuations, over a Decoder.
+"""Beam search (docs/electives/beam-search.md): the most probable continuations, over a Decoder.
 
 Greedy decoding takes the most probable token at each step; the sequence it builds need not be the
 most probable sequence: a less likely first token can open a much more likely continuation. Beam

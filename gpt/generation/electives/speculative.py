@@ -1,4 +1,4 @@
-"""Speculative decoding (docs/speculative-decoding.md): a target's own sampling, faster, over two Decoders.
+"""Speculative decoding (docs/electives/speculative-decoding.md): a target's own sampling, faster, over two Decoders.
 
 A small draft model proposes k tokens d_1 .. d_k, one at a time from its distributions q_i; the
 target model scores all of them in one forward over its cache (k + 1 rows: the distributions p_1
