@@ -17,6 +17,7 @@ import linecache
 import re
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -242,12 +243,13 @@ def report(exercise, source, results, out=sys.stdout):
     print(f"First failing check: {failed[0].name}", file=out)
     print("  " + failed[0].message.replace("\n", "\n  "), file=out)
     others = [r for r in failed[1:] if not r.todo]
-    if others:  # a later check may name the mistake more precisely: one line of each
+    if others:  # each check's first line whole, wrapped between words: a word cut in half reads as a typo
         print("The other failing checks say:", file=out)
         for result in others:
             first_line = result.message.splitlines()[0] if result.message else ""
-            shortened = first_line if len(first_line) <= 160 else first_line[:157] + "..."
-            print(f"  - {result.name}: {shortened}", file=out)
+            print(f"  - {result.name}:", file=out)
+            print(textwrap.fill(first_line, width=100, initial_indent="    ", subsequent_indent="    ",
+                                break_long_words=False, break_on_hyphens=False), file=out)
     return False
 
 

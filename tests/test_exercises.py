@@ -1,5 +1,6 @@
 """The class exercises: every one is complete, fails on the student's untouched file and passes on
 the reference solution (compiled here; as plain Python in CI's NUMBA_DISABLE_JIT=1 run)."""
+import io
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exercises import catalog
-from exercises.runner import CheckResult, combine, run_checks, status_of, verdict
+from exercises.runner import CheckResult, combine, report, run_checks, status_of, verdict
 from microtensor.gradcheck import GRADCHECK_CASES
 
 EXERCISES = catalog.all_exercises()
@@ -244,3 +245,16 @@ def test_handout_into_a_folder_it_cannot_write_is_one_line_and_leaves_nothing(tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "handout: cannot copy the project to" in err and "Read-only file system" in err, err
     assert not (tmp_path / "class").exists()
+
+
+def test_the_other_failing_checks_are_whole_words():
+    """Each further failing check's first line is printed whole, wrapped between words, never cut."""
+    exercise = catalog.find("attention")
+    long = "dL/dq of shape (2, 2, 5, 3): 48 of 60 values differ from F.scaled_dot_product_attention's backward; " \
+           "the worst at [1, 0, 1, 0]: yours -0.000830938640743951, expected 0.478786288785055"
+    results = [CheckResult("first", False, 0.0, "why"), CheckResult("second", False, 0.0, long)]
+    out = io.StringIO()
+    report(exercise, "solution", results, out=out)
+    tail = out.getvalue().split("The other failing checks say:\n")[1]
+    assert "..." not in tail and " ".join(tail.split()) == f"- second: {long}", tail
+    assert all(len(line) <= 100 for line in tail.splitlines()), tail
