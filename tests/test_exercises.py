@@ -96,7 +96,7 @@ def test_check_gives_a_verdict_and_the_first_failing_check_in_words():
     assert result.returncode == 1
     out = result.stdout
     assert "1. The backward of tanh: your file exercises/01_tanh/tanh.py, as plain Python" in out
-    assert "Verdict: failing, 1 of 5 checks pass." in out
+    assert "Verdict: not started: tanh.py still holds every TODO. Start with TODO: tanh_backward (exercise 1), at line 22." in out
     assert "First failing check: gradcheck: the backward against finite differences" in out
     assert "not written yet: TODO: tanh_backward (exercise 1)" in out
     assert 'tanh.py:22, in tanh_backward: raise NotImplementedError("TODO: tanh_backward (exercise 1)")' in out
@@ -258,3 +258,14 @@ def test_the_other_failing_checks_are_whole_words():
     tail = out.getvalue().split("The other failing checks say:\n")[1]
     assert "..." not in tail and " ".join(tail.split()) == f"- second: {long}", tail
     assert all(len(line) <= 100 for line in tail.splitlines()), tail
+
+
+@needs_solutions
+def test_an_untouched_file_is_not_started_in_check_as_in_list():
+    """`check NAME` gives an untouched file the status `list` gives it, and says which TODO to start with."""
+    exercise = catalog.find("adamw")
+    out = io.StringIO()
+    report(exercise, "student", run_checks(exercise, "student"), out=out)
+    assert status_of(exercise) == "not started"
+    assert "Verdict: not started: adamw.py still holds every TODO. Start with TODO: adamw_update (exercise 9), at line 24." in out.getvalue()
+    assert "Verdict: failing" not in out.getvalue()
