@@ -269,3 +269,34 @@ def test_an_untouched_file_is_not_started_in_check_as_in_list():
     assert status_of(exercise) == "not started"
     assert "Verdict: not started: adamw.py still holds every TODO. Start with TODO: adamw_update (exercise 9), at line 24." in out.getvalue()
     assert "Verdict: failing" not in out.getvalue()
+
+
+def _planted(tmp_path, name, after, old, new):
+    """`check NAME --python` (kernels as Python: nothing to compile) on a copy of exercises/ whose
+    student file is the solution with one mistake planted (`old` written `new`, in the code after
+    `after`): ({check's name: "ok", "FAIL", ...}, the first failing check's name and first line)."""
+    exercise = catalog.find(name)
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("__pycache__"))
+    text = exercise.solution_path().read_text()
+    cut = text.index(after)
+    planted = text[:cut] + text[cut:].replace(old, new)
+    assert planted != text, f"{exercise.key}: the mistake's line is not where this test expects it"
+    (tmp_path / "exercises" / exercise.key / exercise.file).write_text(planted)
+    checked = subprocess.run(
+        [sys.executable, "-m", "exercises", "check", name, "--python"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    lines = checked.stdout.splitlines()
+    assert checked.returncode == 1 and any(line.startswith("First failing check: ") for line in lines), checked.stdout + checked.stderr
+    marks = {m[2]: m[1] for m in (re.match(r"^  (ok  |FAIL|TODO|skip) (.*?)  \(\d+\.\d+ s\)", line) for line in lines) if m}
+    first = next(n for n, line in enumerate(lines) if line.startswith("First failing check: "))
+    return marks, lines[first].removeprefix("First failing check: ") + "\n" + lines[first + 1]
+
+
+@needs_solutions
+def test_an_off_by_one_causal_mask_is_named_first(tmp_path):
+    """Exercise 8 with the diagonal key left out of the backward: the headline is the mask, not the 1/√D."""
+    marks, headline = _planted(tmp_path, "attention", "def attention_backward", "for j in range(i + 1):", "for j in range(i):")
+    assert headline.startswith("the mask: "), headline
+    assert "leaves out the diagonal key j = i" in headline, headline
+    assert [mark for name, mark in marks.items() if "1/√D" in name] == ["ok  "], "the scale is right, yet its check fails"
