@@ -300,3 +300,23 @@ def test_an_off_by_one_causal_mask_is_named_first(tmp_path):
     assert headline.startswith("the mask: "), headline
     assert "leaves out the diagonal key j = i" in headline, headline
     assert [mark for name, mark in marks.items() if "1/√D" in name] == ["ok  "], "the scale is right, yet its check fails"
+
+
+@needs_solutions
+def test_online_attention_without_the_output_rescale_names_the_accumulator(tmp_path):
+    """Exercise 14 with acc never rescaled (L stays right): the headline is the accumulator, and no
+    check named after L fails."""
+    marks, headline = _planted(tmp_path, "online_attention", "def online_attention_forward", "out[b, h, i, d] *= correction", "pass")
+    assert headline.startswith("the output accumulator acc is rescaled"), headline
+    assert "while L, so m and ℓ, is right" in headline, headline
+    named_after_l = {name: mark for name, mark in marks.items() if re.search(r"\bL\b", name) and "O and L" not in name}
+    assert named_after_l and set(named_after_l.values()) == {"ok  "}, named_after_l
+
+
+@needs_solutions
+def test_online_attention_with_l_wrong_names_l(tmp_path):
+    """The converse: L written log ℓ (m forgotten) fails the check named after L first, and O's checks pass."""
+    marks, headline = _planted(tmp_path, "online_attention", "def online_attention_forward", "running_max + np.log(running_sum)", "np.log(running_sum)")
+    assert headline.startswith("the kernel's L = m + log ℓ"), headline
+    of_o = {name: mark for name, mark in marks.items() if name.startswith(("causal: O", "non-causal: O", "the output accumulator"))}
+    assert len(of_o) == 3 and set(of_o.values()) == {"ok  "}, of_o
