@@ -320,3 +320,10 @@ def test_online_attention_with_l_wrong_names_l(tmp_path):
     assert headline.startswith("the kernel's L = m + log ℓ"), headline
     of_o = {name: mark for name, mark in marks.items() if name.startswith(("causal: O", "non-causal: O", "the output accumulator"))}
     assert len(of_o) == 3 and set(of_o.values()) == {"ok  "}, of_o
+
+
+@needs_solutions
+def test_adamw_with_eps_inside_the_root_is_named_so(tmp_path):
+    """Exercise 9 with ε inside the square root: the headline names ε, not only the bias correction."""
+    marks, headline = _planted(tmp_path, "adamw", "def adamw_update", "(np.sqrt(v_hat) + eps)", "np.sqrt(v_hat + eps)")
+    assert "ε inside the square root" in headline, headline
