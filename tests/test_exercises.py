@@ -327,3 +327,11 @@ def test_adamw_with_eps_inside_the_root_is_named_so(tmp_path):
     """Exercise 9 with ε inside the square root: the headline names ε, not only the bias correction."""
     marks, headline = _planted(tmp_path, "adamw", "def adamw_update", "(np.sqrt(v_hat) + eps)", "np.sqrt(v_hat + eps)")
     assert "ε inside the square root" in headline, headline
+
+
+@needs_solutions
+def test_softplus_without_the_upstream_gradient_is_not_blamed_on_overflow(tmp_path):
+    """Exercise 10 with grad_out left out of the backward: the headline is gradcheck, not the large-input check."""
+    marks, headline = _planted(tmp_path, "softplus", "def softplus_backward", "grad_x[i] = grad_out[i] * sigmoid", "grad_x[i] = sigmoid")
+    assert headline.startswith("gradcheck: "), headline
+    assert [mark for name, mark in marks.items() if "overflows" in name] == ["ok  "], marks
