@@ -335,3 +335,11 @@ def test_softplus_without_the_upstream_gradient_is_not_blamed_on_overflow(tmp_pa
     marks, headline = _planted(tmp_path, "softplus", "def softplus_backward", "grad_x[i] = grad_out[i] * sigmoid", "grad_x[i] = sigmoid")
     assert headline.startswith("gradcheck: "), headline
     assert [mark for name, mark in marks.items() if "overflows" in name] == ["ok  "], marks
+
+
+@needs_solutions
+def test_int8_codes_truncated_are_named_so(tmp_path):
+    """Exercise 17 with int() for np.rint: the headline names the truncation, not only a code of 126."""
+    rounding = "np.rint(np.float64(w[k, m]) / np.float64(s))"
+    marks, headline = _planted(tmp_path, "int8_quantization", rounding, rounding, "int(np.float64(w[k, m]) / np.float64(s))")
+    assert "truncated towards 0 (int() does that): round to the nearest integer with np.rint" in headline, headline
