@@ -58,6 +58,8 @@ def check(args):
     # the verdict `check --all` and `list` give too: a check skipped in every mode is not a passed one
     combined = combine(runs)
     status, counts = verdict(combined)
+    if not args.solution and exercise.not_started():  # as `list` and `check --all` call it
+        status = "not started"
     skipped = [r for r in combined if r.skipped]
     print(f"Overall ({' and '.join('as plain Python' if m else 'compiled' for m in modes)}): {status}, {counts}"
           + "".join(f"\n  not run in any mode: {r.name} ({r.message})" for r in skipped))

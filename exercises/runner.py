@@ -17,6 +17,7 @@ import linecache
 import re
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -238,17 +239,34 @@ def report(exercise, source, results, out=sys.stdout):
     if not failed:  # a skipped check is not a passed one: `check NAME` counts it only where it runs
         print(f"Verdict: no check fails in this mode: {passed} of {len(results)} pass, {skipped} skipped here.", file=out)
         return True
-    print(f"Verdict: failing, {passed} of {len(results)} checks pass" + (f", {skipped} skipped in this mode." if skipped else "."), file=out)
+    if source == "student" and exercise.not_started():  # `list` and `check --all` say so too
+        print(f"Verdict: not started: {shown.name} still holds every TODO. {first_todo(shown, failed)}", file=out)
+    else:
+        print(f"Verdict: failing, {passed} of {len(results)} checks pass" + (f", {skipped} skipped in this mode." if skipped else "."), file=out)
     print(f"First failing check: {failed[0].name}", file=out)
     print("  " + failed[0].message.replace("\n", "\n  "), file=out)
     others = [r for r in failed[1:] if not r.todo]
-    if others:  # a later check may name the mistake more precisely: one line of each
+    if others:  # each check's first line whole, wrapped between words: a word cut in half reads as a typo
         print("The other failing checks say:", file=out)
         for result in others:
             first_line = result.message.splitlines()[0] if result.message else ""
-            shortened = first_line if len(first_line) <= 160 else first_line[:157] + "..."
-            print(f"  - {result.name}: {shortened}", file=out)
+            print(f"  - {result.name}:", file=out)
+            print(textwrap.fill(first_line, width=100, initial_indent="    ", subsequent_indent="    ",
+                                break_long_words=False, break_on_hyphens=False), file=out)
     return False
+
+
+def first_todo(path, failed):
+    """Which TODO to write first: the one the first check that reached a TODO stopped at (the checks
+    run in the order the task builds the code), else the first in the file."""
+    reached = next((r for r in failed if r.todo), None)
+    if reached is not None:
+        what = reached.message.splitlines()[0].removeprefix("not written yet: ")
+        raised = re.findall(rf"{re.escape(path.name)}:(\d+)", reached.message)  # the last frame: the raise itself
+        return f"Start with {what}" + (f", at line {raised[-1]}." if raised else ".")
+    lines = path.read_text().splitlines()
+    number = next((n for n, line in enumerate(lines, 1) if catalog.TODO_RAISE.search(line)), None)
+    return f"Start with the TODO at line {number}." if number else ""
 
 
 def main(argv=None):

@@ -1,5 +1,6 @@
 """The class exercises: every one is complete, fails on the student's untouched file and passes on
 the reference solution (compiled here; as plain Python in CI's NUMBA_DISABLE_JIT=1 run)."""
+import io
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exercises import catalog
-from exercises.runner import CheckResult, combine, run_checks, status_of, verdict
+from exercises.runner import CheckResult, combine, report, run_checks, status_of, verdict
 from microtensor.gradcheck import GRADCHECK_CASES
 
 EXERCISES = catalog.all_exercises()
@@ -95,7 +96,7 @@ def test_check_gives_a_verdict_and_the_first_failing_check_in_words():
     assert result.returncode == 1
     out = result.stdout
     assert "1. The backward of tanh: your file exercises/01_tanh/tanh.py, as plain Python" in out
-    assert "Verdict: failing, 1 of 5 checks pass." in out
+    assert "Verdict: not started: tanh.py still holds every TODO. Start with TODO: tanh_backward (exercise 1), at line 22." in out
     assert "First failing check: gradcheck: the backward against finite differences" in out
     assert "not written yet: TODO: tanh_backward (exercise 1)" in out
     assert 'tanh.py:22, in tanh_backward: raise NotImplementedError("TODO: tanh_backward (exercise 1)")' in out
@@ -244,3 +245,101 @@ def test_handout_into_a_folder_it_cannot_write_is_one_line_and_leaves_nothing(tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "handout: cannot copy the project to" in err and "Read-only file system" in err, err
     assert not (tmp_path / "class").exists()
+
+
+def test_the_other_failing_checks_are_whole_words():
+    """Each further failing check's first line is printed whole, wrapped between words, never cut."""
+    exercise = catalog.find("attention")
+    long = "dL/dq of shape (2, 2, 5, 3): 48 of 60 values differ from F.scaled_dot_product_attention's backward; " \
+           "the worst at [1, 0, 1, 0]: yours -0.000830938640743951, expected 0.478786288785055"
+    results = [CheckResult("first", False, 0.0, "why"), CheckResult("second", False, 0.0, long)]
+    out = io.StringIO()
+    report(exercise, "solution", results, out=out)
+    tail = out.getvalue().split("The other failing checks say:\n")[1]
+    assert "..." not in tail and " ".join(tail.split()) == f"- second: {long}", tail
+    assert all(len(line) <= 100 for line in tail.splitlines()), tail
+
+
+@needs_solutions
+def test_an_untouched_file_is_not_started_in_check_as_in_list():
+    """`check NAME` gives an untouched file the status `list` gives it, and says which TODO to start with."""
+    exercise = catalog.find("adamw")
+    out = io.StringIO()
+    report(exercise, "student", run_checks(exercise, "student"), out=out)
+    assert status_of(exercise) == "not started"
+    assert "Verdict: not started: adamw.py still holds every TODO. Start with TODO: adamw_update (exercise 9), at line 24." in out.getvalue()
+    assert "Verdict: failing" not in out.getvalue()
+
+
+def _planted(tmp_path, name, after, old, new):
+    """`check NAME --python` (kernels as Python: nothing to compile) on a copy of exercises/ whose
+    student file is the solution with one mistake planted (`old` written `new`, in the code after
+    `after`): ({check's name: "ok", "FAIL", ...}, the first failing check's name and first line)."""
+    exercise = catalog.find(name)
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("__pycache__"))
+    text = exercise.solution_path().read_text()
+    cut = text.index(after)
+    planted = text[:cut] + text[cut:].replace(old, new)
+    assert planted != text, f"{exercise.key}: the mistake's line is not where this test expects it"
+    (tmp_path / "exercises" / exercise.key / exercise.file).write_text(planted)
+    checked = subprocess.run(
+        [sys.executable, "-m", "exercises", "check", name, "--python"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    lines = checked.stdout.splitlines()
+    assert checked.returncode == 1 and any(line.startswith("First failing check: ") for line in lines), checked.stdout + checked.stderr
+    marks = {m[2]: m[1] for m in (re.match(r"^  (ok  |FAIL|TODO|skip) (.*?)  \(\d+\.\d+ s\)", line) for line in lines) if m}
+    first = next(n for n, line in enumerate(lines) if line.startswith("First failing check: "))
+    return marks, lines[first].removeprefix("First failing check: ") + "\n" + lines[first + 1]
+
+
+@needs_solutions
+def test_an_off_by_one_causal_mask_is_named_first(tmp_path):
+    """Exercise 8 with the diagonal key left out of the backward: the headline is the mask, not the 1/√D."""
+    marks, headline = _planted(tmp_path, "attention", "def attention_backward", "for j in range(i + 1):", "for j in range(i):")
+    assert headline.startswith("the mask: "), headline
+    assert "leaves out the diagonal key j = i" in headline, headline
+    assert [mark for name, mark in marks.items() if "1/√D" in name] == ["ok  "], "the scale is right, yet its check fails"
+
+
+@needs_solutions
+def test_online_attention_without_the_output_rescale_names_the_accumulator(tmp_path):
+    """Exercise 14 with acc never rescaled (L stays right): the headline is the accumulator, and no
+    check named after L fails."""
+    marks, headline = _planted(tmp_path, "online_attention", "def online_attention_forward", "out[b, h, i, d] *= correction", "pass")
+    assert headline.startswith("the output accumulator acc is rescaled"), headline
+    assert "while L, so m and ℓ, is right" in headline, headline
+    named_after_l = {name: mark for name, mark in marks.items() if re.search(r"\bL\b", name) and "O and L" not in name}
+    assert named_after_l and set(named_after_l.values()) == {"ok  "}, named_after_l
+
+
+@needs_solutions
+def test_online_attention_with_l_wrong_names_l(tmp_path):
+    """The converse: L written log ℓ (m forgotten) fails the check named after L first, and O's checks pass."""
+    marks, headline = _planted(tmp_path, "online_attention", "def online_attention_forward", "running_max + np.log(running_sum)", "np.log(running_sum)")
+    assert headline.startswith("the kernel's L = m + log ℓ"), headline
+    of_o = {name: mark for name, mark in marks.items() if name.startswith(("causal: O", "non-causal: O", "the output accumulator"))}
+    assert len(of_o) == 3 and set(of_o.values()) == {"ok  "}, of_o
+
+
+@needs_solutions
+def test_adamw_with_eps_inside_the_root_is_named_so(tmp_path):
+    """Exercise 9 with ε inside the square root: the headline names ε, not only the bias correction."""
+    marks, headline = _planted(tmp_path, "adamw", "def adamw_update", "(np.sqrt(v_hat) + eps)", "np.sqrt(v_hat + eps)")
+    assert "ε inside the square root" in headline, headline
+
+
+@needs_solutions
+def test_softplus_without_the_upstream_gradient_is_not_blamed_on_overflow(tmp_path):
+    """Exercise 10 with grad_out left out of the backward: the headline is gradcheck, not the large-input check."""
+    marks, headline = _planted(tmp_path, "softplus", "def softplus_backward", "grad_x[i] = grad_out[i] * sigmoid", "grad_x[i] = sigmoid")
+    assert headline.startswith("gradcheck: "), headline
+    assert [mark for name, mark in marks.items() if "overflows" in name] == ["ok  "], marks
+
+
+@needs_solutions
+def test_int8_codes_truncated_are_named_so(tmp_path):
+    """Exercise 17 with int() for np.rint: the headline names the truncation, not only a code of 126."""
+    rounding = "np.rint(np.float64(w[k, m]) / np.float64(s))"
+    marks, headline = _planted(tmp_path, "int8_quantization", rounding, rounding, "int(np.float64(w[k, m]) / np.float64(s))")
+    assert "truncated towards 0 (int() does that): round to the nearest integer with np.rint" in headline, headline

@@ -40,7 +40,7 @@ def run_against_microtensor(impl, dtype, steps=5):
 
 
 def test_first_step_moves_each_weight_by_lr(impl):
-    """the first step moves every weight by lr, whatever the scale of its gradient (bias correction)"""
+    """the first step moves every weight by lr, whatever the scale of its gradient (bias correction, ε outside the root)"""
     lr, betas = 0.01, (0.9, 0.999)  # PyTorch's default betas (with β2 = 0.99 the two errors would cancel)
     grad = np.array([[0.02, -0.5], [3.0, -40.0], [700.0, -0.1]])  # (3, 2): gradients over 5 decades
     param = np.zeros((3, 2))
@@ -63,6 +63,11 @@ def test_first_step_moves_each_weight_by_lr(impl):
             f"the first step moved weights by {ratio:.4g} × lr, expected 1 × lr ({what_is_missing}): "
             "divide m by 1 - β1^t and v by 1 - β2^t (bias correction)",
         )
+    eps_inside = -lr * grad / np.sqrt(grad * grad + EPS)  # m̂ / √(v̂ + ε): off only where g² is near ε
+    expect(
+        np.allclose(param, expected, atol=1e-9, rtol=1e-6) or not np.allclose(param, eps_inside, atol=1e-12, rtol=1e-9),
+        "the first step is lr g / √(g² + ε) (ε inside the square root): ε goes after it, m̂ / (√v̂ + ε)",
+    )
     expect_close("the weights after one step from 0", param, expected, "-lr · sign(g)", atol=1e-9, rtol=1e-6)
 
 

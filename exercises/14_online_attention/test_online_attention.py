@@ -44,6 +44,46 @@ def run_kernel(impl, q, k, v, causal, tile):
     return out, log_sum_exp
 
 
+def test_log_sum_exp_is_saved(impl):
+    """the kernel's L = m + log ℓ equals log sum_j e^(S_ij) of each row (causal and not)"""
+    q, k, v = (t.numpy() for t in inputs(seed=7))
+    for causal in (True, False):
+        expected = numpy_log_sum_exp(q, k, causal)
+        row_max = numpy_scores(q, k, causal).max(axis=-1)  # (B, H, T): m once every key is seen
+        for tile in (1, 2, 3):
+            _, log_sum_exp = run_kernel(impl, q, k, v, causal, tile)
+            what = f"log_sum_exp {log_sum_exp.shape}, {'causal' if causal else 'non-causal'}, tile {tile}"
+            expect(
+                not np.allclose(log_sum_exp, expected - row_max),
+                f"{what} equals log ℓ: ℓ sums e^(S_ij - m), so log sum_j e^(S_ij) = m + log ℓ",
+            )
+            expect_close(what, log_sum_exp, expected, "log sum_j e^(S_ij) in numpy")
+
+
+def test_accumulator_is_rescaled(impl):
+    """the output accumulator acc is rescaled by e^(m - m_new) whenever the running max grows"""
+    # Judged only where it alone can be wrong: O right with one tile (no rescale happens) and m, ℓ right.
+    q, k, v = (t.numpy() for t in inputs(seed=29))
+    T = q.shape[-2]
+    for causal in (True, False):
+        expected = standard_attention(mt.tensor(q), mt.tensor(k), mt.tensor(v), causal=causal).numpy()
+        log_sum_exp_expected = numpy_log_sum_exp(q, k, causal)
+        one_tile, _ = run_kernel(impl, q, k, v, causal, T)  # no rescale ever happens: m starts at -inf
+        if not np.allclose(one_tile, expected):
+            return  # the tile's own terms or the division are wrong: the O checks name that
+        for tile in (1, 2):
+            out, log_sum_exp = run_kernel(impl, q, k, v, causal, tile)
+            if not np.allclose(log_sum_exp, log_sum_exp_expected):
+                return  # m or ℓ is wrong: the L check names that
+            # Right with one tile, and m and ℓ right with several: what is left between tiles is acc.
+            expect(
+                np.allclose(out, expected),
+                f"{'causal' if causal else 'non-causal'} O {q.shape} is right with one tile (tile = T = {T}) but wrong "
+                f"with tile {tile}, while L, so m and ℓ, is right: the output accumulator acc (out's row) must be "
+                "rescaled by e^(m - m_new) each time the max grows, as ℓ is, before the tile's terms are added",
+            )
+
+
 def test_causal_output_matches_standard_attention(impl):
     """causal: O equals F.scaled_dot_product_attention for tiles of 1, 2, 3, 5 and 8 keys (T = 5)"""
     q, k, v = inputs(seed=1)
@@ -62,24 +102,8 @@ def test_non_causal_output_matches_standard_attention(impl):
         expect_close(f"non-causal O {SHAPE} with tile {tile}", yours, expected, "F.scaled_dot_product_attention(causal=False)")
 
 
-def test_log_sum_exp_is_saved(impl):
-    """the kernel's L = m + log ℓ equals log sum_j e^(S_ij) of each row (causal and not)"""
-    q, k, v = (t.numpy() for t in inputs(seed=7))
-    for causal in (True, False):
-        expected = numpy_log_sum_exp(q, k, causal)
-        row_max = numpy_scores(q, k, causal).max(axis=-1)  # (B, H, T): m once every key is seen
-        for tile in (1, 2, 3):
-            _, log_sum_exp = run_kernel(impl, q, k, v, causal, tile)
-            what = f"log_sum_exp {log_sum_exp.shape}, {'causal' if causal else 'non-causal'}, tile {tile}"
-            expect(
-                not np.allclose(log_sum_exp, expected - row_max),
-                f"{what} equals log ℓ: ℓ sums e^(S_ij - m), so log sum_j e^(S_ij) = m + log ℓ",
-            )
-            expect_close(what, log_sum_exp, expected, "log sum_j e^(S_ij) in numpy")
-
-
 def test_gradcheck_through_the_given_backward(impl):
-    """gradcheck: the given backward (P = e^(S - L)) is right only if your L is"""
+    """gradcheck: dq, dk, dv through the given backward, which reads your O and L (P = e^(S - L), D_i = dO_i · O_i)"""
     q, k, v = inputs(seed=10, shape=(1, 2, 4, 3))
     gradcheck(lambda q, k, v: impl.online_attention(q, k, v, causal=True, tile=3), [q, k, v])
     q, k, v = inputs(seed=13, shape=(1, 1, 3, 2))

@@ -23,6 +23,12 @@ def test_codes_are_int8_in_range(impl):
         expect(scale.dtype == dtype and scale.shape == (w.shape[1],),
                f"the scales of a {name} W {w.shape}: {scale.dtype} {scale.shape}, expected {name} ({w.shape[1]},): one per output column")  # fmt: skip
         expect(q.min() >= -127 and q.max() <= 127, f"codes must lie in [-127, 127], found {q.min()} .. {q.max()}")
+        quotients = w.astype(np.float64) / scale.astype(np.float64)  # (K, M): w / s, the scales are > 0 here
+        expect(
+            not (np.array_equal(q, np.trunc(quotients)) and not np.array_equal(q, np.rint(quotients))),
+            f"the codes of a {name} W are w / s truncated towards 0 (int() does that): round to the nearest "
+            "integer with np.rint, so that no weight is further than s / 2 from q s",
+        )
         expect_equal(f"the largest |code| of each column ({name})", np.abs(q.astype(np.int64)).max(axis=0),
                      np.full(w.shape[1], 127), "127: the largest weight maps to ±127")  # fmt: skip
 
