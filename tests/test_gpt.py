@@ -540,6 +540,13 @@ def test_gpt_config_takes_numpy_integers_as_ints():
     json.dumps(config.to_dict())  # plain JSON, as a checkpoint stores it
 
 
+def test_gpt_config_names_an_unknown_field_and_the_closest_known_one():
+    with pytest.raises(InputTypeError, match=r"GPTConfig: unknown field 'n_layers' \(did you mean n_layer\?\); expected one of vocab_size, block_size, n_layer,"):
+        GPTConfig(vocab_size=5, n_layers=2)  # before: Python's TypeError from the dataclass's __init__
+    with pytest.raises(InputTypeError, match=r"GPTConfig: unknown field 'colour' \(no field is close\); expected one of vocab_size,"):
+        GPTConfig(vocab_size=5, colour="red")
+
+
 def test_forward_checks_the_offset_and_the_caches():
     model = tiny()
     tokens = np.array([[1, 2, 3]])

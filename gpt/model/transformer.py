@@ -26,6 +26,7 @@ Every argument is checked before any kernel runs (`GPTConfig`'s fields, the toke
 vocabulary, the caches' positions): the kernels index without bounds checks, so an id outside the
 vocabulary would otherwise read outside the embedding table.
 """
+import difflib
 import math
 from dataclasses import asdict, dataclass, field, fields
 
@@ -90,6 +91,17 @@ class GPTConfig:
     )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
+
+    def __new__(cls, *args, **kwargs):
+        """Refuse a field GPTConfig does not have by name, with the closest known one (n_layers ->
+        n_layer), before the dataclass's __init__ would raise Python's bare TypeError."""
+        known = [f.name for f in fields(cls)]
+        for name in kwargs:
+            if name not in known:
+                closest = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {closest[0]}?" if closest else "no field is close"
+                raise InputTypeError(f"GPTConfig: unknown field {name!r} ({hint}); expected one of {', '.join(known)}")
+        return super().__new__(cls)
 
     def __post_init__(self):
         """Check every field, types first (a float size or a string flag is refused, not rounded or
