@@ -11,7 +11,7 @@ import microtensor as mt
 from microtensor import GradcheckError, gradcheck
 from microtensor.errors import InputError, InputTypeError
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.generation.sampling import keep_top_k, keep_top_p, sample
+from gpt.generation.sampling import keep_top_k, keep_top_p, sample, token_distribution
 
 OPTIONS = [
     dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
@@ -363,6 +363,21 @@ def test_sample_draws_from_softmax_of_the_logits_divided_by_the_temperature(temp
     for seed in range(40):
         expected = np.random.default_rng(seed).choice(5, p=probs)
         assert sample(logits, temperature, None, None, np.random.default_rng(seed))[0] == expected, seed
+
+
+def test_a_temperature_too_small_to_divide_by_gives_the_limit_greedy():
+    """logits / 1e-320 overflows: the differences to the largest logit go to -inf instead of inf - inf
+    = nan, so the distribution is the limit as temperature -> 0, one-hot at the argmax (before:
+    numpy's "Probabilities contain NaN"), shared evenly by tokens tied at the max."""
+    logits = np.array([[0.3, -1.2, 2.0, 0.0, 1.1], [1.0, 3.0, 3.0, 2.0, -1.0]])
+    with np.errstate(all="raise"):  # no overflow warning reaches the user either
+        probs = token_distribution(logits, 1e-320)
+        np.testing.assert_array_equal(probs, [[0, 0, 1, 0, 0], [0, 0.5, 0.5, 0, 0]])
+        np.testing.assert_array_equal(token_distribution(logits, 1e-320, top_k=1, top_p=0.5), [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]])
+        assert sample(logits[:1], 5e-324, None, None, np.random.default_rng(0))[0] == 2
+    model = tiny(dtype=mt.float32)
+    greedy = model.generate([[1, 2]], 6, temperature=0).numpy()
+    np.testing.assert_array_equal(model.generate([[1, 2]], 6, temperature=1e-320, seed=3).numpy(), greedy)
 
 
 # ================================================================================= the context window
