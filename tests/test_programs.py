@@ -167,6 +167,19 @@ def test_errors_are_messages_not_tracebacks(tmp_path, corpus, capsys):
     assert "--merge-lora: given with" in said(capsys)
 
 
+@pytest.mark.skipif(os.name != "posix", reason="file modes and the umask are POSIX's")
+def test_the_loss_plot_gets_the_mode_of_a_new_file(tmp_path):
+    """0o666 minus the umask, as the checkpoint (tests/test_checkpoint.py); before: mkstemp's 0o600."""
+    from programs.loss_plot import LossHistory
+
+    previous = os.umask(0o022)
+    try:
+        training.write_loss_plot(tmp_path / "loss.svg", LossHistory(losses=[3.0, 2.5, 2.25]), "a plot")
+    finally:
+        os.umask(previous)
+    assert ((tmp_path / "loss.svg").stat().st_mode & 0o777) == 0o644
+
+
 def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
