@@ -93,7 +93,11 @@ def build_parser():
     evals = p.add_argument_group("evaluation")
     evals.add_argument("--eval-interval", type=int, default=250, help="estimate train/val loss, save a checkpoint and plot the loss curve every this many steps")
     evals.add_argument("--eval-iters", type=int, default=20, help="batches per loss estimate")
-    evals.add_argument("--sample-chars", type=int, default=300, help="characters to sample at the end (0: none)")
+    evals.add_argument(
+        "--sample-chars", type=int, default=300,
+        help="characters to sample at the end (0: none), at temperature 0.8 with --seed as the sampling seed; "
+        "generate.py's default seed is another, so its first sample is not this text again",
+    )  # fmt: skip
     return p
 
 

@@ -81,6 +81,21 @@ def test_train_then_generate(tmp_path, corpus, capsys):
     assert "tokens/s (with the KV cache" in out and "the" in out
 
 
+def test_generate_does_not_reprint_the_sample_train_printed(tmp_path, corpus, capsys):
+    """Before, generate.py's default seed was train.py's, so its sample 1 was the closing sample of a
+    default training run again, character for character. --seed 1337 still reprints it."""
+    assert run_train(tmp_path, corpus, "--max-iters", "3", "--eval-interval", "100", "--sample-chars", "40") == 0
+    trained_sample = capsys.readouterr().out.split("a sample", 1)[1].split("\n", 1)[1].rstrip("\n")
+    assert len(trained_sample) >= 30  # the 40 characters (rich drops trailing blanks)
+
+    def first_sample(*flags):
+        assert generate.main(["--out-dir", str(tmp_path / "out"), "--max-new-tokens", "40", *flags]) == 0
+        return capsys.readouterr().out.split("sample 1", 1)[1].split("\n", 2)[2]  # after the rule and the prompt "\n"
+
+    assert first_sample("--seed", "1337").startswith(trained_sample)
+    assert not first_sample().startswith(trained_sample)
+
+
 def test_the_readable_kernels_train_and_generate(tmp_path, corpus, capsys):
     before = mt.get_kernels()
     assert run_train(tmp_path, corpus, "--max-iters", "3", "--eval-interval", "100", "--kernels", "readable") == 0
