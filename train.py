@@ -13,7 +13,9 @@ The file reads top to bottom: the flags (the model's are made from GPTConfig's f
 help), then main() -> train(): one call sets up the run (programs/training.py), the loop, the
 results. A mistake or a machine's fault ends in one line saying what is wrong, never in a traceback
 (programs/cli.py): every flag is checked before any data is read or any model built, and so is
---out-dir (a checkpoint must be writable there before an hour of training is spent). A new run does
+--out-dir (a checkpoint must be writable there before an hour of training is spent), and so is the
+memory a step needs (a batch, a block or a model too large for the memory available is refused,
+naming the flag and the estimate, instead of swapping for minutes before the first step). A new run does
 not overwrite a checkpoint unless told to (--force); a resumed run keeps the checkpoint's model, so
 a model flag that contradicts it is refused. Ctrl-C or SIGTERM stop at the end of the current step,
 after saving it (a second one stops at once; the last checkpoint stays whole, because saves are

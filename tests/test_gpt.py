@@ -10,7 +10,7 @@ import pytest
 import microtensor as mt
 from microtensor import GradcheckError, gradcheck
 from microtensor.errors import InputError, InputTypeError
-from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig, parameter_count, training_step_bytes
 from gpt.generation.sampling import keep_top_k, keep_top_p, sample, token_distribution
 
 OPTIONS = [
@@ -303,6 +303,64 @@ def test_cached_generation_equals_the_module_forward_past_block_size(options, ke
     for (token_a, logits_a), (token_b, logits_b) in zip(cached, uncached):
         np.testing.assert_array_equal(token_a, token_b)
         np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
+
+
+# ================================================================================= memory of a training step
+
+MEMORY_OPTIONS = [
+    {}, dict(mlp="swiglu", pos="rope"), dict(attention="online"), dict(mlp="moe", expert_top_k=1), dict(mlp="moe"),
+    dict(pos="alibi", n_kv_head=1), dict(pos="sinusoidal", norm="rmsnorm", bias=True, tie_weights=False), dict(dropout=0.1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", MEMORY_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_parameter_count_from_the_config_equals_the_model_s(options):
+    for bias in (False, True):
+        config = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=4, n_embd=16, **{"bias": bias, **options})
+        assert parameter_count(config) == GPT(config).num_parameters()
+
+
+def bytes_the_graph_keeps(loss, parameters):
+    """Bytes of the distinct arrays the graph of `loss` holds (every tensor reachable from it and every
+    array its ops saved), the parameters' excepted: what a step's activations cost, measured."""
+    def base(array):
+        while isinstance(array.base, np.ndarray):
+            array = array.base
+        return array
+
+    kept, seen, stack = {}, set(), [loss]
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        kept[id(base(tensor.data))] = base(tensor.data)
+        context = tensor._ctx
+        if context is not None:
+            kept.update((id(base(a)), base(a)) for a in context.saved_tensors if isinstance(a, np.ndarray))
+            stack.extend(x for x in context.inputs if isinstance(x, mt.Tensor))
+    weights = {id(base(p.data)) for p in parameters}
+    return sum(array.nbytes for key, array in kept.items() if key not in weights)
+
+
+@pytest.mark.parametrize("options", MEMORY_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_the_activations_estimate_is_a_close_lower_bound_of_what_the_graph_keeps(options):
+    """training_step_bytes' activations (without the logits' gradient, which backward makes, and the
+    ids) against the arrays a forward's graph really holds: never more (train.py refuses on it), and
+    not far below (a refusal must come before the machine swaps)."""
+    mt.manual_seed(0)
+    B, V = 3, 19
+    config = GPTConfig(vocab_size=V, block_size=16, n_layer=2, n_head=4, n_embd=16, **options)
+    model = GPT(config)
+    rng = np.random.default_rng(0)
+    _, loss = model(mt.tensor(rng.integers(0, V, (B, 16))), mt.tensor(rng.integers(0, V, (B, 16))))
+    kept = bytes_the_graph_keeps(loss, model.parameters())
+    estimate = training_step_bytes(config, B)["activations"] - B * 16 * (V * 4 + 2 * 8)
+    assert 0.7 * kept <= estimate <= kept, (estimate, kept)
+    assert training_step_bytes(config, B)["weights"] == 16 * parameter_count(config)  # float32: parameter, gradient, two moments
+    assert training_step_bytes(config, B, itemsize=8, trains_every_weight=False)["weights"] == 8 * parameter_count(config)
+    twice = training_step_bytes(config, 2 * B)
+    assert twice["activations"] == 2 * training_step_bytes(config, B)["activations"] and twice["total"] == twice["weights"] + twice["activations"]
 
 
 # ================================================================================= sampling filters

