@@ -43,6 +43,7 @@ from programs import cli
 from programs.cli import FlagError, Interrupted, console, signals_handled_by
 
 DEFAULT_SPECULATE = 4  # the draft's proposals per round
+DEFAULT_SEED = 1338  # not train.py's default --seed (1337), which its closing sample draws with: sample 1 here is another text
 
 
 def build_parser():
@@ -54,7 +55,12 @@ def build_parser():
     p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely characters")
     p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely characters whose probabilities add up to p")
     p.add_argument("--num-samples", type=int, default=1, help="how many samples")
-    p.add_argument("--seed", type=int, default=1337, help="random seed for sampling")
+    p.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED,
+        help="random seed for sampling: sample i draws with seed + i - 1. Not train.py's default --seed (1337), which "
+        "its closing sample draws with: so sample 1 is a new text, not the one train.py printed (--seed 1337 with "
+        "--max-new-tokens as its --sample-chars prints that one again)",
+    )  # fmt: skip
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context for every token (slower; same result)")
     cli.add_kernels_argument(p, p)
     beam = p.add_argument_group("beam search (docs/electives/beam-search.md)")

@@ -13,7 +13,9 @@ The file reads top to bottom: the flags (the model's are made from GPTConfig's f
 help), then main() -> train(): one call sets up the run (programs/training.py), the loop, the
 results. A mistake or a machine's fault ends in one line saying what is wrong, never in a traceback
 (programs/cli.py): every flag is checked before any data is read or any model built, and so is
---out-dir (a checkpoint must be writable there before an hour of training is spent). A new run does
+--out-dir (a checkpoint must be writable there before an hour of training is spent), and so is the
+memory a step needs (a batch, a block or a model too large for the memory available is refused,
+naming the flag and the estimate, instead of swapping for minutes before the first step). A new run does
 not overwrite a checkpoint unless told to (--force); a resumed run keeps the checkpoint's model, so
 a model flag that contradicts it is refused. Ctrl-C or SIGTERM stop at the end of the current step,
 after saving it (a second one stops at once; the last checkpoint stays whole, because saves are
@@ -93,7 +95,11 @@ def build_parser():
     evals = p.add_argument_group("evaluation")
     evals.add_argument("--eval-interval", type=int, default=250, help="estimate train/val loss, save a checkpoint and plot the loss curve every this many steps")
     evals.add_argument("--eval-iters", type=int, default=20, help="batches per loss estimate")
-    evals.add_argument("--sample-chars", type=int, default=300, help="characters to sample at the end (0: none)")
+    evals.add_argument(
+        "--sample-chars", type=int, default=300,
+        help="characters to sample at the end (0: none), at temperature 0.8 with --seed as the sampling seed; "
+        "generate.py's default seed is another, so its first sample is not this text again",
+    )  # fmt: skip
     return p
 
 

@@ -4,11 +4,14 @@ starts from (model, optimizer, tokenizer, batches, loss history, random states) 
 
 Every flag is checked before any data is read or any model built (`check_args`): the model's flags
 by GPTConfig itself (programs/cli.py turns its error into one that names the flag), the others
-here. A run that starts from a checkpoint (--resume, --init-from) then refuses every flag that
-contradicts it, naming both values (`check_resume`, `check_base_flags`). `set_up` builds the rest.
+here, and the memory a training step needs against the memory available (`check_memory`, from
+the estimate `training_step_bytes` in gpt/model/transformer.py). A run that starts from a
+checkpoint (--resume, --init-from) then refuses every flag that contradicts it, naming both values
+(`check_resume`, `check_base_flags`). `set_up` builds the rest.
 """
 import dataclasses
 import math
+import os
 import time
 from pathlib import Path
 
@@ -17,13 +20,13 @@ from rich.markup import escape
 
 import microtensor as mt
 from microtensor import optim
-from microtensor.errors import InputError, InputTypeError
+from microtensor.errors import InputError, InputTypeError, MicrotensorError
 from gpt.text.electives import bpe
 from gpt.checkpoints import checkpoint
 from gpt.text import data
 from gpt.model.electives import lora
 from gpt.text.data import Batches, CharTokenizer, DataError, check_data_path, load_text, sha256
-from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.transformer import GPT, GPTConfig, parameter_count, training_step_bytes
 from programs import loss_plot
 from programs.cli import FlagError, TrainingStopped, config_flags, config_from_flags, console, flag, signal_name
 
@@ -57,9 +60,13 @@ def check_args(args, explicit=()):
             raise FlagError(name, f"{getattr(args, name)} without {flag(other)}", f"{other_spelled} as well: alone it changes nothing")
         if value is not GIVEN and name in explicit and getattr(args, other) != value:
             raise FlagError(name, f"{getattr(args, name)} without {flag(other)} {value}", f"{flag(other)} {value} as well: alone it changes nothing")
-    config_from_flags(GPTConfig, args, vocab_size=1)  # the model's flags: GPTConfig checks them (the vocabulary comes later)
+    config = config_from_flags(GPTConfig, args, vocab_size=1)  # the model's flags: GPTConfig checks them (the vocabulary comes later)
     for name in ("batch_size", "eval_interval", "eval_iters"):
         need(getattr(args, name) >= 1, name, "an integer >= 1")
+    if not args.resume and args.init_from is None:  # else the model is the checkpoint's: set_up checks it
+        # before the text is read: with a vocabulary of 1 (BPE: --vocab-size), a step needs at least this
+        vocabulary = args.vocab_size if args.tokenizer == "bpe" else 1
+        check_memory(args, dataclasses.replace(config, vocab_size=vocabulary), itemsize=4, trains_every_weight=True, vocabulary_known=False)
     for name in ("max_iters", "warmup_iters", "sample_chars", "seed"):
         need(getattr(args, name) >= 0, name, "an integer >= 0")
     need(args.lr_decay_iters >= args.warmup_iters, "lr_decay_iters", f"an integer >= --warmup-iters ({args.warmup_iters})")
@@ -164,6 +171,10 @@ def set_up(args, explicit, run):
     if tokenizer is None:
         tokenizer = make_tokenizer(args, text)
         config = config_from_flags(GPTConfig, args, vocab_size=tokenizer.vocab_size)  # check_args has checked every value
+    # A checkpoint's dtype (float64 after `gpt.checkpoints.convert --dtype float64`) is the model's.
+    weights = base_state if base_state is not None else model_state if args.resume else None
+    dtype = getattr(mt, str(next(iter(weights.values())).dtype)) if weights is not None else mt.float32
+    check_memory(args, config, np.dtype(dtype).itemsize, trains_every_weight=lora_record is None)
     # Memory: the ids take one byte per character (uint8) instead of eight (int64), and the text
     # is let go once encoded.
     try:
@@ -175,9 +186,6 @@ def set_up(args, explicit, run):
     batches = Batches(ids, config.block_size)
     # Losses are per token; bits per character compare models whose tokens differ (docs/electives/bpe.md).
     val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"])
-    # A checkpoint's dtype (float64 after `gpt.checkpoints.convert --dtype float64`) is the model's.
-    weights = base_state if base_state is not None else model_state if args.resume else None
-    dtype = getattr(mt, str(next(iter(weights.values())).dtype)) if weights is not None else mt.float32
     model = GPT(config, dtype=dtype)
     if base_state is not None:
         model.load_state_dict(base_state)  # checkpoint.load checked every name and shape
@@ -301,6 +309,88 @@ def check_model_flags(args, explicit, path, config, given_with, keeps):
                 name, f"it with {given_with}" if isinstance(value, bool) else f"{value} with {given_with}",
                 f"the {'base ' if given_with == '--init-from' else ''}checkpoint's {field} = {getattr(config, field)} ({path}): {keeps}",
             )  # fmt: skip
+
+
+class TooLargeForMemory(MicrotensorError):
+    """A model whose weights, gradients and optimizer state alone cannot fit in the memory available."""
+
+
+def available_memory():
+    """Bytes of memory this process can get now without swapping: MemAvailable in /proc/meminfo
+    (Linux), else the machine's physical memory (os.sysconf), else None: unknown, nothing is refused."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def readable_bytes(n):
+    """2.5 * 2**30 -> "2.50 GiB"; in MiB below a GiB, in KiB below a MiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n / 2**10:,.2f} KiB"
+
+
+def check_memory(args, config, itemsize, trains_every_weight, vocabulary_known=True):
+    """Refuse a training step that cannot fit in the memory available, before anything is built: a
+    batch too large would otherwise swap for minutes before the first step, or end in a bare
+    MemoryError. The need is training_step_bytes (gpt/model/transformer.py), a lower bound. Named:
+    the model, when its weights alone do not fit; --block-size, when one sequence does not; else
+    --batch-size, with the largest batch that fits. vocabulary_known: False before the text is read
+    (config's vocabulary is then the smallest it can be)."""
+    available = available_memory()
+    if available is None:
+        return
+    need = training_step_bytes(config, args.batch_size, itemsize, trains_every_weight)
+    if need["total"] <= available:
+        return
+    have = f"this machine has {readable_bytes(available)} available"
+    if need["weights"] >= available:
+        optimizer = ", their gradients and AdamW's two moments" if trains_every_weight else ""
+        raise TooLargeForMemory(
+            f"the model (--n-layer {config.n_layer}, --n-embd {config.n_embd}, "
+            f"{f'a vocabulary of {config.vocab_size:,}' if vocabulary_known else 'before its vocabulary is counted'}): "
+            f"given {parameter_count(config):,} parameters, whose weights{optimizer} need at least "
+            f"{readable_bytes(need['weights'])}, expected a model that fits: {have}; train a smaller one"
+        )  # fmt: skip
+    per_sequence = training_step_bytes(config, 1, itemsize, trains_every_weight)
+    if per_sequence["total"] > available:  # one sequence does not fit: the block is too long
+        longest = longest_block_that_fits(config, itemsize, trains_every_weight, available)
+        raise FlagError(
+            "block_size", config.block_size,
+            f"at most {longest:,}: one sequence of {config.block_size:,} tokens needs at least "
+            f"{readable_bytes(per_sequence['total'])} for a training step (activations kept for backward "
+            f"{readable_bytes(per_sequence['activations'])}; weights, gradients, optimizer {readable_bytes(per_sequence['weights'])}), and {have}",
+        )  # fmt: skip
+    largest = (available - need["weights"]) // per_sequence["activations"]
+    raise FlagError(
+        "batch_size", args.batch_size,
+        f"at most {largest:,}: a step of {args.batch_size:,} sequences of {config.block_size:,} tokens needs at least "
+        f"{readable_bytes(need['total'])} (activations kept for backward {readable_bytes(need['activations'])}; weights, gradients, "
+        f"optimizer {readable_bytes(need['weights'])}), and {have}",
+    )  # fmt: skip
+
+
+def longest_block_that_fits(config, itemsize, trains_every_weight, available):
+    """The largest block_size below config's whose step on one sequence fits in `available` bytes
+    (0: none), by bisection: the need grows with the block."""
+    def fits(block_size):
+        shorter = dataclasses.replace(config, block_size=block_size)
+        return training_step_bytes(shorter, 1, itemsize, trains_every_weight)["total"] <= available
+
+    low, high = 0, config.block_size  # fits(low) (or low is 0), not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def check_resume(args, explicit, path, config, optim_state, start):

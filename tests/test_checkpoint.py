@@ -60,6 +60,19 @@ def test_round_trip_gives_identical_logits_and_leaves_no_temporary_file(tmp_path
     np.testing.assert_array_equal(model(idx)[0].numpy(), restored(idx)[0].numpy())
 
 
+@pytest.mark.skipif(os.name != "posix", reason="file modes and the umask are POSIX's")
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)], ids=["022", "027", "002"])
+def test_a_checkpoint_gets_the_mode_of_a_new_file(tmp_path, umask, mode):
+    """0o666 minus the umask, as any file a program creates (before: mkstemp's 0o600, kept by the rename)."""
+    previous = os.umask(umask)
+    try:
+        save_tiny(tmp_path)
+        save_tiny(tmp_path, iteration=4)  # over an existing checkpoint as well
+    finally:
+        os.umask(previous)
+    assert (checkpoint.path_in(tmp_path).stat().st_mode & 0o777) == mode
+
+
 def test_loading_leaves_the_global_random_generator_alone(tmp_path):
     save_tiny(tmp_path)
     mt.manual_seed(5)

@@ -10,8 +10,8 @@ import pytest
 import microtensor as mt
 from microtensor import GradcheckError, gradcheck
 from microtensor.errors import InputError, InputTypeError
-from gpt.model.transformer import GPT, GPTConfig
-from gpt.generation.sampling import keep_top_k, keep_top_p, sample
+from gpt.model.transformer import GPT, GPTConfig, parameter_count, training_step_bytes
+from gpt.generation.sampling import keep_top_k, keep_top_p, sample, token_distribution
 
 OPTIONS = [
     dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
@@ -305,6 +305,64 @@ def test_cached_generation_equals_the_module_forward_past_block_size(options, ke
         np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
 
 
+# ================================================================================= memory of a training step
+
+MEMORY_OPTIONS = [
+    {}, dict(mlp="swiglu", pos="rope"), dict(attention="online"), dict(mlp="moe", expert_top_k=1), dict(mlp="moe"),
+    dict(pos="alibi", n_kv_head=1), dict(pos="sinusoidal", norm="rmsnorm", bias=True, tie_weights=False), dict(dropout=0.1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", MEMORY_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_parameter_count_from_the_config_equals_the_model_s(options):
+    for bias in (False, True):
+        config = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=4, n_embd=16, **{"bias": bias, **options})
+        assert parameter_count(config) == GPT(config).num_parameters()
+
+
+def bytes_the_graph_keeps(loss, parameters):
+    """Bytes of the distinct arrays the graph of `loss` holds (every tensor reachable from it and every
+    array its ops saved), the parameters' excepted: what a step's activations cost, measured."""
+    def base(array):
+        while isinstance(array.base, np.ndarray):
+            array = array.base
+        return array
+
+    kept, seen, stack = {}, set(), [loss]
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        kept[id(base(tensor.data))] = base(tensor.data)
+        context = tensor._ctx
+        if context is not None:
+            kept.update((id(base(a)), base(a)) for a in context.saved_tensors if isinstance(a, np.ndarray))
+            stack.extend(x for x in context.inputs if isinstance(x, mt.Tensor))
+    weights = {id(base(p.data)) for p in parameters}
+    return sum(array.nbytes for key, array in kept.items() if key not in weights)
+
+
+@pytest.mark.parametrize("options", MEMORY_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_the_activations_estimate_is_a_close_lower_bound_of_what_the_graph_keeps(options):
+    """training_step_bytes' activations (without the logits' gradient, which backward makes, and the
+    ids) against the arrays a forward's graph really holds: never more (train.py refuses on it), and
+    not far below (a refusal must come before the machine swaps)."""
+    mt.manual_seed(0)
+    B, V = 3, 19
+    config = GPTConfig(vocab_size=V, block_size=16, n_layer=2, n_head=4, n_embd=16, **options)
+    model = GPT(config)
+    rng = np.random.default_rng(0)
+    _, loss = model(mt.tensor(rng.integers(0, V, (B, 16))), mt.tensor(rng.integers(0, V, (B, 16))))
+    kept = bytes_the_graph_keeps(loss, model.parameters())
+    estimate = training_step_bytes(config, B)["activations"] - B * 16 * (V * 4 + 2 * 8)
+    assert 0.7 * kept <= estimate <= kept, (estimate, kept)
+    assert training_step_bytes(config, B)["weights"] == 16 * parameter_count(config)  # float32: parameter, gradient, two moments
+    assert training_step_bytes(config, B, itemsize=8, trains_every_weight=False)["weights"] == 8 * parameter_count(config)
+    twice = training_step_bytes(config, 2 * B)
+    assert twice["activations"] == 2 * training_step_bytes(config, B)["activations"] and twice["total"] == twice["weights"] + twice["activations"]
+
+
 # ================================================================================= sampling filters
 
 # Probabilities that are sums of powers of two, so that every partial sum is exact in float64 and the
@@ -363,6 +421,21 @@ def test_sample_draws_from_softmax_of_the_logits_divided_by_the_temperature(temp
     for seed in range(40):
         expected = np.random.default_rng(seed).choice(5, p=probs)
         assert sample(logits, temperature, None, None, np.random.default_rng(seed))[0] == expected, seed
+
+
+def test_a_temperature_too_small_to_divide_by_gives_the_limit_greedy():
+    """logits / 1e-320 overflows: the differences to the largest logit go to -inf instead of inf - inf
+    = nan, so the distribution is the limit as temperature -> 0, one-hot at the argmax (before:
+    numpy's "Probabilities contain NaN"), shared evenly by tokens tied at the max."""
+    logits = np.array([[0.3, -1.2, 2.0, 0.0, 1.1], [1.0, 3.0, 3.0, 2.0, -1.0]])
+    with np.errstate(all="raise"):  # no overflow warning reaches the user either
+        probs = token_distribution(logits, 1e-320)
+        np.testing.assert_array_equal(probs, [[0, 0, 1, 0, 0], [0, 0.5, 0.5, 0, 0]])
+        np.testing.assert_array_equal(token_distribution(logits, 1e-320, top_k=1, top_p=0.5), [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]])
+        assert sample(logits[:1], 5e-324, None, None, np.random.default_rng(0))[0] == 2
+    model = tiny(dtype=mt.float32)
+    greedy = model.generate([[1, 2]], 6, temperature=0).numpy()
+    np.testing.assert_array_equal(model.generate([[1, 2]], 6, temperature=1e-320, seed=3).numpy(), greedy)
 
 
 # ================================================================================= the context window
@@ -538,6 +611,13 @@ def test_gpt_config_takes_numpy_integers_as_ints():
     import json
 
     json.dumps(config.to_dict())  # plain JSON, as a checkpoint stores it
+
+
+def test_gpt_config_names_an_unknown_field_and_the_closest_known_one():
+    with pytest.raises(InputTypeError, match=r"GPTConfig: unknown field 'n_layers' \(did you mean n_layer\?\); expected one of vocab_size, block_size, n_layer,"):
+        GPTConfig(vocab_size=5, n_layers=2)  # before: Python's TypeError from the dataclass's __init__
+    with pytest.raises(InputTypeError, match=r"GPTConfig: unknown field 'colour' \(no field is close\); expected one of vocab_size,"):
+        GPTConfig(vocab_size=5, colour="red")
 
 
 def test_forward_checks_the_offset_and_the_caches():

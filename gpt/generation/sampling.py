@@ -44,16 +44,22 @@ def sample(logits, temperature, top_k, top_p, rng):
 def token_distribution(logits, temperature, top_k=None, top_p=None):
     """The distributions `sample` draws from, (m, V) float64 rows that sum to 1: one-hot at the
     argmax when temperature is 0, else softmax(logits / temperature) restricted by top_k and then
-    top_p (renormalized)."""
+    top_p (renormalized). A temperature so small that the division overflows (1e-320) gives the
+    limit as temperature -> 0: greedy, the argmax's token (tokens tied at the max share it)."""
     logits = np.asarray(logits, dtype=np.float64)  # (m, V)
     if temperature == 0:
         probs = np.zeros_like(logits)
         probs[np.arange(logits.shape[0]), logits.argmax(axis=-1)] = 1  # argmax: ties to the lower id, as sample
         return probs
-    logits = logits / temperature
+    # Shifted by the max before the division, so that the largest logit stays 0 whatever the
+    # temperature: a tiny one (1e-320) sends the others to -inf, not to inf - inf = nan, and gives
+    # the limit of sampling as temperature -> 0, greedy (shared among tokens tied at the max).
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):  # a difference / a tiny temperature -> -inf: a probability of 0
+        logits = logits / temperature
     if top_k is not None:
         logits = keep_top_k(logits, top_k)
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = np.exp(logits)  # the largest is exp(0) = 1, so the sum below is >= 1
     probs /= probs.sum(axis=-1, keepdims=True)
     if top_p is not None:
         probs = np.where(keep_top_p(probs, top_p), probs, 0)

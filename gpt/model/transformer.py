@@ -26,6 +26,7 @@ Every argument is checked before any kernel runs (`GPTConfig`'s fields, the toke
 vocabulary, the caches' positions): the kernels index without bounds checks, so an id outside the
 vocabulary would otherwise read outside the embedding table.
 """
+import difflib
 import math
 from dataclasses import asdict, dataclass, field, fields
 
@@ -90,6 +91,17 @@ class GPTConfig:
     )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
+
+    def __new__(cls, *args, **kwargs):
+        """Refuse a field GPTConfig does not have by name, with the closest known one (n_layers ->
+        n_layer), before the dataclass's __init__ would raise Python's bare TypeError."""
+        known = [f.name for f in fields(cls)]
+        for name in kwargs:
+            if name not in known:
+                closest = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {closest[0]}?" if closest else "no field is close"
+                raise InputTypeError(f"GPTConfig: unknown field {name!r} ({hint}); expected one of {', '.join(known)}")
+        return super().__new__(cls)
 
     def __post_init__(self):
         """Check every field, types first (a float size or a string flag is refused, not rounded or
@@ -161,6 +173,78 @@ def _is_int(value):
 
 def _is_real(value):
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def mlp_width(config):
+    """The hidden width of a dense MLP: 4C for GELU; round(8C/3) up to a multiple of 8 for SwiGLU,
+    which has three matrices instead of two, so that the parameter count stays that of GELU's."""
+    C = config.n_embd
+    return 4 * C if config.mlp != "swiglu" else 8 * math.ceil(8 * C / 3 / 8)
+
+
+def parameter_count(config):
+    """How many numbers GPT(config) learns, from the config alone: a model too large for the memory
+    cannot be built to be counted. Equal to GPT(config).num_parameters() (a test checks it)."""
+    C, V, H, Hk = config.n_embd, config.vocab_size, config.n_head, config.n_kv_head
+    bias = 1 if config.bias else 0
+    qkv = (H + 2 * Hk) * (C // H)  # c_attn's output width
+    norm = 2 * C if config.norm == "layernorm" and config.bias else C  # weight (and bias)
+    attention = C * qkv + bias * qkv + C * C + bias * C  # c_attn, c_proj
+    hidden = mlp_width(config)
+    gelu_mlp = C * hidden + bias * hidden + hidden * C + bias * C  # c_fc, c_proj
+    if config.mlp == "swiglu":
+        mlp = gelu_mlp + C * hidden + bias * hidden  # and c_up
+    elif config.mlp == "moe":
+        mlp = C * config.n_expert + config.n_expert * gelu_mlp  # the router (no bias) and the experts
+    else:
+        mlp = gelu_mlp
+    total = V * C + config.n_layer * (2 * norm + attention + mlp) + norm  # wte, the blocks, ln_f
+    if config.pos == "learned":
+        total += config.block_size * C  # wpe
+    if not config.tie_weights:
+        total += C * V  # lm_head
+    return total
+
+
+def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True):
+    """A lower bound on the memory one training step of GPT(config) needs on batch_size sequences of
+    block_size tokens, in bytes, by part: {"weights", "activations", "total"}. It is what must
+    exist at once at the end of the forward and the start of backward:
+
+    weights      the parameters, and for each one its gradient and AdamW's two moments: 4 numbers
+                 per parameter (with LoRA, trains_every_weight=False: the frozen weights alone)
+    activations  per token, the arrays the graph keeps for backward (each op's output that a later
+                 op takes, and what an op saves besides), counted from the forward:
+                   the embedding (C), with positions added (C), and per block:
+                     ln_1 (C), qkv ((H + 2 Hk) D), attention's probabilities (H T: a row of (T, T)
+                     per head; "online" keeps one number per row, H), its output (C), c_proj (C),
+                     the residual sum (C), ln_2 (C), the MLP's hidden layers, c_proj (C), the sum (C)
+                   then ln_f (C), the logits and cross-entropy's saved exponentials (2 V), and in
+                   backward the logits' gradient (V), and the two int64 id arrays of the batch.
+                 Dropout's masks and the small per-row statistics are left out: a lower bound.
+
+    itemsize: bytes per number (4 for float32, 8 for float64).
+    """
+    C, V, T, H, Hk = config.n_embd, config.vocab_size, config.block_size, config.n_head, config.n_kv_head
+    hidden = mlp_width(config)
+    if config.mlp == "gelu":
+        mlp = 2 * hidden  # c_fc's output and GELU's
+    elif config.mlp == "swiglu":
+        mlp = 3 * hidden  # c_fc's, c_up's, SwiGLU's
+    else:  # the router's logits and probabilities; per routed copy its row, two hidden layers and
+        # the expert's answer; each expert's (N, C) contribution, and the running sums but the last
+        # (the MLP's output, counted below as c_proj's)
+        k, E = config.expert_top_k, config.n_expert
+        mlp = 2 * E + k * (2 * C + 2 * hidden) + (2 * E - 2) * C
+    attention_rows = H * T if config.attention == "standard" else H
+    per_block = 7 * C + (H + 2 * Hk) * (C // H) + attention_rows + mlp
+    positions = C if config.pos in ("learned", "sinusoidal") else 0
+    per_token = C + positions + config.n_layer * per_block + C + 3 * V
+    tokens = batch_size * T
+    parameters = parameter_count(config)
+    weights = parameters * itemsize * (4 if trains_every_weight else 1)
+    activations = tokens * per_token * itemsize + tokens * 2 * 8
+    return {"weights": weights, "activations": activations, "total": weights + activations}
 
 
 def _norm(config, dtype):
@@ -238,7 +322,7 @@ class MLP(nn.Module):
         super().__init__()
         self.kind = config.mlp
         C = config.n_embd
-        hidden = 4 * C if config.mlp == "gelu" else 8 * math.ceil(8 * C / 3 / 8)
+        hidden = mlp_width(config)
         self.c_fc = nn.Linear(C, hidden, bias=config.bias, dtype=dtype)
         if config.mlp == "swiglu":
             self.c_up = nn.Linear(C, hidden, bias=config.bias, dtype=dtype)

@@ -17,10 +17,10 @@ import pytest
 import generate
 import microtensor as mt
 from helpers import needs_jit
-from microtensor.errors import InputError
+from microtensor.errors import InputError, InputTypeError
 from gpt.checkpoints import checkpoint
 from gpt.generation.electives import speculative
-from gpt.generation.electives.beam_search import beam_search
+from gpt.generation.electives.beam_search import beam_search, sequence_logprob
 from gpt.text.electives.bpe import BytePairTokenizer
 from gpt.text.data import CharTokenizer
 from gpt.generation.decoder import Decoder
@@ -398,6 +398,15 @@ def test_the_library_refuses_bad_input():
         beam_search(target, [[1], [2]], 2, 3)
     with pytest.raises(InputError, match="token id 9 is outside the vocabulary"):
         speculative_generate(target, target, [9], 3, 2)
+    # a model that is not a GPT: before, beam_search raised AttributeError ('object' has no 'config')
+    with pytest.raises(InputTypeError, match="beam_search: model must be a GPT, got object"):
+        beam_search(object(), [1], 2, 3)
+    with pytest.raises(InputTypeError, match="sequence_logprob: model must be a GPT, got dict"):
+        sequence_logprob({}, [1], [2])
+    with pytest.raises(InputTypeError, match="speculative_generate: the target must be a GPT, got object"):
+        speculative_generate(object(), target, [1], 3, 2)
+    with pytest.raises(InputTypeError, match="speculative_tokens: the draft must be a GPT, got str"):
+        speculative.speculative_tokens(target, "draft", [1], 3, 2)
 
 
 # ================================================================================= generate.py

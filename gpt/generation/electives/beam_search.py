@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from microtensor.errors import InputError
+from microtensor.errors import InputError, InputTypeError
 from microtensor.checks import is_real_number
 
 from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int
 from gpt.generation.sampling import log_softmax
+from gpt.model.transformer import GPT
 
 
 @dataclass
@@ -73,6 +74,7 @@ def beam_search(model, prompt_ids, beam_width, max_new_tokens, length_penalty=0.
     a hypothesis (only then can the length penalty change the ranking); use_kv_cache True, or False
     to recompute every window (the same result, slower).
     """
+    check_model("beam_search", model)
     V = model.config.vocab_size
     prompt = check_one_sequence("beam_search", prompt_ids, V)
     if not is_int(beam_width) or beam_width < 1:
@@ -84,6 +86,12 @@ def beam_search(model, prompt_ids, beam_width, max_new_tokens, length_penalty=0.
     check_generation_options("beam_search", max_new_tokens, 0, None, None, use_kv_cache, None)
     K, P = beam_width, prompt.shape[1]
     return _beam_search(model, prompt, K, P, V, max_new_tokens, float(length_penalty), stop_token, use_kv_cache)
+
+
+def check_model(where, model):
+    """The model searched must be a GPT: the search reads its config and feeds it through a Decoder."""
+    if not isinstance(model, GPT):
+        raise InputTypeError(f"{where}: model must be a GPT, got {type(model).__name__}")
 
 
 def _beam_search(model, prompt, K, P, V, max_new_tokens, alpha, stop_token, use_kv_cache):
@@ -126,6 +134,7 @@ def _search(decoder, prompt, K, P, V, max_new_tokens, alpha, stop_token):
 def sequence_logprob(model, prompt_ids, new_tokens):
     """The summed log-probability that the model gives new_tokens after prompt_ids, from one
     forward without a cache (the sequence must fit the block): a check independent of the search."""
+    check_model("sequence_logprob", model)
     prompt = check_one_sequence("sequence_logprob", prompt_ids, model.config.vocab_size)
     new = np.asarray(new_tokens, dtype=np.int64)
     sequence = np.concatenate([prompt[0], new])
