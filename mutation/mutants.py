@@ -422,6 +422,20 @@ MUTANTS = [
         "tests/test_exact_behaviour.py -k gradcheck_tolerance",
         why="an error up to twice atol + rtol |numeric| passes",
     ),
+    Mutant(
+        "gradcheck.max_elements_checks_the_first", "microtensor/gradcheck.py",
+        "flat_indices = rng.choice(x.data.size, size=max_elements, replace=False)",
+        "flat_indices = np.arange(max_elements)",
+        "tests/test_gradcheck.py -k max_elements",
+        why="max_elements checks the first elements, whatever the seed: a backward wrong only past them passes",
+    ),
+    Mutant(
+        "gradcheck.upstream_positive", "microtensor/gradcheck.py",
+        "upstream = rng.standard_normal(out.shape).astype(out.dtype)",
+        "upstream = np.abs(rng.standard_normal(out.shape)).astype(out.dtype)",
+        "tests/test_gradcheck.py -k upstream",
+        why="the random upstream gradient is never negative, so a backward using |grad_out| for grad_out passes",
+    ),
     # ----------------------------------------------------------------------------- optimizers
     Mutant(
         "sgd.momentum_dampened", "microtensor/optim.py",
