@@ -613,6 +613,14 @@ MUTANTS = [
         jit=True,
     ),
     Mutant(
+        "bpe.encode_merges_the_leftmost_pair", "gpt/text/electives/bpe.py",
+        "rank = min(map(ranks.get, pairwise(ids), repeat(math.inf)))",
+        "rank = next((ranks[pair] for pair in pairwise(ids) if pair in ranks), math.inf)",
+        "tests/electives/test_bpe.py -k lowest_ranked",
+        jit=True,
+        why="encoding merges the leftmost pair that has a rank, not the lowest-ranked one: ids differ from applying the merges in order",
+    ),
+    Mutant(
         "convert.sha256_not_compared", "gpt/checkpoints/convert.py",
         "changed = [name for name in recorded if name in tensors and tensor_sha256(tensors[name]) != recorded[name]]",
         "changed = []",
