@@ -621,6 +621,15 @@ MUTANTS = [
         why="encoding merges the leftmost pair that has a rank, not the lowest-ranked one: ids differ from applying the merges in order",
     ),
     Mutant(
+        "convert.square_weights_untransposed", "gpt/checkpoints/convert.py",
+        "np.ascontiguousarray(a.T) if name in linear else",
+        "np.ascontiguousarray(a.T) if name in linear and a.shape[0] != a.shape[1] else",
+        "tests/test_convert.py -k pytorchs_convention",
+        jit=True,
+        why="only Linear weights whose shape shows it are transposed: attn.c_proj (C, C) is exported as W, not Wᵀ, "
+        "and imported the same way, so a round trip agrees and only PyTorch computes other logits",
+    ),
+    Mutant(
         "convert.sha256_not_compared", "gpt/checkpoints/convert.py",
         "changed = [name for name in recorded if name in tensors and tensor_sha256(tensors[name]) != recorded[name]]",
         "changed = []",
