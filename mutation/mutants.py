@@ -613,6 +613,14 @@ MUTANTS = [
         jit=True,
     ),
     Mutant(
+        "sample.top_p_not_renormalized", "gpt/generation/sampling.py",
+        "probs = np.where(keep_top_p(probs, top_p), probs, 0)\n        probs /= probs.sum(axis=-1, keepdims=True)\n",
+        "probs = np.where(keep_top_p(probs, top_p), probs, 0)\n",
+        "tests/test_gpt.py -k token_distribution",
+        jit=True,
+        why="the tokens top-p keeps are not divided by their sum: the distribution's rows add up to less than 1",
+    ),
+    Mutant(
         "bpe.encode_merges_the_leftmost_pair", "gpt/text/electives/bpe.py",
         "rank = min(map(ranks.get, pairwise(ids), repeat(math.inf)))",
         "rank = next((ranks[pair] for pair in pairwise(ids) if pair in ranks), math.inf)",
