@@ -629,6 +629,14 @@ MUTANTS = [
         why="encoding merges the leftmost pair that has a rank, not the lowest-ranked one: ids differ from applying the merges in order",
     ),
     Mutant(
+        "checkpoint.save_drops_the_optimizer", "gpt/checkpoints/checkpoint.py",
+        '    arrays.update({f"optim/{key}": np.asarray(value) for key, value in optimizer.state_dict().items()})\n',
+        "",
+        "tests/test_checkpoint.py -k optimizer_state",
+        jit=True,
+        why="a checkpoint without the optimizer's state: a resumed run restarts AdamW's moments and step count",
+    ),
+    Mutant(
         "convert.square_weights_untransposed", "gpt/checkpoints/convert.py",
         "np.ascontiguousarray(a.T) if name in linear else",
         "np.ascontiguousarray(a.T) if name in linear and a.shape[0] != a.shape[1] else",
