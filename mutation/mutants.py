@@ -661,6 +661,14 @@ MUTANTS = [
         jit=True,
         why="a tensor whose bytes begin inside the one before passes: two names read the same bytes, one weight is lost",
     ),
+    Mutant(
+        "lora.scale_rank_over_alpha", "gpt/model/electives/lora.py",
+        "self.scale = alpha / rank",
+        "self.scale = rank / alpha",
+        "tests/electives/test_lora.py -k alpha_over_rank",
+        jit=True,
+        why="the adapters' update scaled by rank/alpha: the same as alpha/rank only when alpha = rank",
+    ),
     # ----------------------------------------------------------------------------- fast twins (compiled)
     Mutant(
         "softmax.backward.fast", "microtensor/fast/softmax.py",
