@@ -669,6 +669,13 @@ MUTANTS = [
         jit=True,
         why="the adapters' update scaled by rank/alpha: the same as alpha/rank only when alpha = rank",
     ),
+    Mutant(
+        "quantize.unpack_int4_swapped_nibbles", "microtensor/ops/electives/quantize.py",
+        "codes[0::2] = (packed & 15).astype(np.int16) - 8\n    codes[1::2] = (packed >> 4).astype(np.int16) - 8",
+        "codes[0::2] = (packed >> 4).astype(np.int16) - 8\n    codes[1::2] = (packed & 15).astype(np.int16) - 8",
+        "tests/electives/test_quantize.py -k low_nibble_first",
+        why="unpacking reads the high nibble as row 2r and the low as 2r + 1, the reverse of pack_int4: rows swap in pairs",
+    ),
     # ----------------------------------------------------------------------------- fast twins (compiled)
     Mutant(
         "softmax.backward.fast", "microtensor/fast/softmax.py",
