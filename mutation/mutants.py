@@ -847,7 +847,7 @@ MUTANTS = [
         "decode.lora_layer_says_yes", "gpt/model/electives/lora.py",
         "fits_decode_kernel = False",
         "fits_decode_kernel = True",
-        "tests/test_decoding.py -k unmerged_lora_adapters",
+        "tests/electives/test_decoding.py -k unmerged_lora_adapters",
         jit=True,
         why="a LoRA layer lets the one-token kernel run it, which reads the base weight and drops the adapter",
     ),
