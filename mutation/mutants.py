@@ -422,6 +422,20 @@ MUTANTS = [
         "tests/test_exact_behaviour.py -k gradcheck_tolerance",
         why="an error up to twice atol + rtol |numeric| passes",
     ),
+    Mutant(
+        "gradcheck.max_elements_checks_the_first", "microtensor/gradcheck.py",
+        "flat_indices = rng.choice(x.data.size, size=max_elements, replace=False)",
+        "flat_indices = np.arange(max_elements)",
+        "tests/test_gradcheck.py -k max_elements",
+        why="max_elements checks the first elements, whatever the seed: a backward wrong only past them passes",
+    ),
+    Mutant(
+        "gradcheck.upstream_positive", "microtensor/gradcheck.py",
+        "upstream = rng.standard_normal(out.shape).astype(out.dtype)",
+        "upstream = np.abs(rng.standard_normal(out.shape)).astype(out.dtype)",
+        "tests/test_gradcheck.py -k upstream",
+        why="the random upstream gradient is never negative, so a backward using |grad_out| for grad_out passes",
+    ),
     # ----------------------------------------------------------------------------- optimizers
     Mutant(
         "sgd.momentum_dampened", "microtensor/optim.py",
@@ -599,6 +613,39 @@ MUTANTS = [
         jit=True,
     ),
     Mutant(
+        "sample.top_p_not_renormalized", "gpt/generation/sampling.py",
+        "probs = np.where(keep_top_p(probs, top_p), probs, 0)\n        probs /= probs.sum(axis=-1, keepdims=True)\n",
+        "probs = np.where(keep_top_p(probs, top_p), probs, 0)\n",
+        "tests/test_gpt.py -k token_distribution",
+        jit=True,
+        why="the tokens top-p keeps are not divided by their sum: the distribution's rows add up to less than 1",
+    ),
+    Mutant(
+        "bpe.encode_merges_the_leftmost_pair", "gpt/text/electives/bpe.py",
+        "rank = min(map(ranks.get, pairwise(ids), repeat(math.inf)))",
+        "rank = next((ranks[pair] for pair in pairwise(ids) if pair in ranks), math.inf)",
+        "tests/electives/test_bpe.py -k lowest_ranked",
+        jit=True,
+        why="encoding merges the leftmost pair that has a rank, not the lowest-ranked one: ids differ from applying the merges in order",
+    ),
+    Mutant(
+        "checkpoint.save_drops_the_optimizer", "gpt/checkpoints/checkpoint.py",
+        '    arrays.update({f"optim/{key}": np.asarray(value) for key, value in optimizer.state_dict().items()})\n',
+        "",
+        "tests/test_checkpoint.py -k optimizer_state",
+        jit=True,
+        why="a checkpoint without the optimizer's state: a resumed run restarts AdamW's moments and step count",
+    ),
+    Mutant(
+        "convert.square_weights_untransposed", "gpt/checkpoints/convert.py",
+        "np.ascontiguousarray(a.T) if name in linear else",
+        "np.ascontiguousarray(a.T) if name in linear and a.shape[0] != a.shape[1] else",
+        "tests/test_convert.py -k pytorchs_convention",
+        jit=True,
+        why="only Linear weights whose shape shows it are transposed: attn.c_proj (C, C) is exported as W, not Wᵀ, "
+        "and imported the same way, so a round trip agrees and only PyTorch computes other logits",
+    ),
+    Mutant(
         "convert.sha256_not_compared", "gpt/checkpoints/convert.py",
         "changed = [name for name in recorded if name in tensors and tensor_sha256(tensors[name]) != recorded[name]]",
         "changed = []",
@@ -613,6 +660,21 @@ MUTANTS = [
         "tests/test_convert.py -k overlap",
         jit=True,
         why="a tensor whose bytes begin inside the one before passes: two names read the same bytes, one weight is lost",
+    ),
+    Mutant(
+        "lora.scale_rank_over_alpha", "gpt/model/electives/lora.py",
+        "self.scale = alpha / rank",
+        "self.scale = rank / alpha",
+        "tests/electives/test_lora.py -k alpha_over_rank",
+        jit=True,
+        why="the adapters' update scaled by rank/alpha: the same as alpha/rank only when alpha = rank",
+    ),
+    Mutant(
+        "quantize.unpack_int4_swapped_nibbles", "microtensor/ops/electives/quantize.py",
+        "codes[0::2] = (packed & 15).astype(np.int16) - 8\n    codes[1::2] = (packed >> 4).astype(np.int16) - 8",
+        "codes[0::2] = (packed >> 4).astype(np.int16) - 8\n    codes[1::2] = (packed & 15).astype(np.int16) - 8",
+        "tests/electives/test_quantize.py -k low_nibble_first",
+        why="unpacking reads the high nibble as row 2r and the low as 2r + 1, the reverse of pack_int4: rows swap in pairs",
     ),
     # ----------------------------------------------------------------------------- fast twins (compiled)
     Mutant(
@@ -785,7 +847,7 @@ MUTANTS = [
         "decode.lora_layer_says_yes", "gpt/model/electives/lora.py",
         "fits_decode_kernel = False",
         "fits_decode_kernel = True",
-        "tests/test_decoding.py -k unmerged_lora_adapters",
+        "tests/electives/test_decoding.py -k unmerged_lora_adapters",
         jit=True,
         why="a LoRA layer lets the one-token kernel run it, which reads the base weight and drops the adapter",
     ),

@@ -707,3 +707,27 @@ def test_no_convert_run_ends_in_a_traceback(tmp_path, monkeypatch, capsys, folde
     if code:
         assert output.err.startswith("error: ") and output.err.count("\n") == 1, output.err  # one line
         assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".convert-")]  # no temporary file left
+
+
+# ================================================================================= the layout, without PyTorch
+
+
+@pytest.mark.parametrize("options", [dict(bias=True, tie_weights=False), dict(mlp="swiglu", tie_weights=True)], ids=["gelu-untied-bias", "swiglu-tied"])
+def test_every_linear_weight_computes_the_layer_by_pytorchs_convention(tmp_path, options):
+    """Every exported Linear weight W (out, in) gives the layer's output as PyTorch computes it,
+    y = x Wᵀ + b; that includes the square ones (attn.c_proj is (C, C)), whose shape cannot tell
+    W from Wᵀ and whose round trip is bit-exact even when both directions forget the transpose.
+    Numpy only (the PyTorch cross-check above is skipped without torch). Kills the mutant
+    convert.square_weights_untransposed."""
+    model = random_model("float64", **options)
+    tensors, _ = convert.read_export(convert.export_checkpoint(save_checkpoint(tmp_path / "out", model), tmp_path / "model.npz"))
+    x = np.random.default_rng(2).standard_normal((3, 2, 8 * 4))  # (B, T, widest in_features)
+    linears = [(name, layer) for name, layer in model.named_modules() if isinstance(layer, mt.nn.Linear)]
+    assert any(layer.in_features == layer.out_features for _, layer in linears)  # a square one is among them
+    for name, layer in linears:
+        W = tensors[f"{name}.weight"]
+        assert W.shape == (layer.out_features, layer.in_features), name
+        x_in = x[..., : layer.in_features]  # (B, T, in)
+        theirs = x_in @ W.T + (tensors[f"{name}.bias"] if layer.bias is not None else 0)
+        ours = layer(mt.tensor(x_in)).data
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12, err_msg=name)

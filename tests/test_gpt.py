@@ -668,3 +668,20 @@ def test_decode_checks_what_its_kernel_would_index():
         decode(weights, tokens, 0, keys, values[:, :, :, :4])
     with pytest.raises(InputTypeError, match="decode: weights must be a DecodeWeights"):
         decode(model, tokens, 0, keys, values)
+
+
+# ================================================================================= the sampling distribution
+
+
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_token_distribution_renormalizes_the_tokens_top_p_keeps(top_k):
+    """After top-p, the kept tokens' probabilities are divided by their sum: each row sums to 1 and
+    keeps the kept tokens' proportions. Kills the mutant sample.top_p_not_renormalized (which
+    otherwise only numpy's own check in rng.choice, or an exercise, notices)."""
+    from gpt.generation.sampling import token_distribution
+
+    logits = np.log(DYADIC)  # rows [0.125, 0.5, 0.0625, 0.25, 0.0625] and [0.25, 0.25, 0.25, 0.125, 0.125]
+    probs = token_distribution(logits, 1.0, top_k=top_k, top_p=0.7)
+    np.testing.assert_allclose(probs.sum(axis=-1), 1.0, rtol=0, atol=1e-15)
+    # row 1 keeps 0.5 and 0.25 (0.75 >= 0.7); row 2 keeps the three 0.25s (0.75)
+    np.testing.assert_allclose(probs, [[0, 2 / 3, 0, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 3, 0, 0]], rtol=0, atol=1e-15)

@@ -406,3 +406,55 @@ def test_random_draw_stores_each_layout_as_it_says(shape):
     for tensor in draws.values():
         np.testing.assert_array_equal(tensor.data, draws["contiguous"].data)  # the same values, drawn from one seed
         assert tensor.requires_grad and tensor.dtype == mt.float64
+
+
+class DoubleWrongAtTheLast(Function):
+    """y = 2x, whose backward is right everywhere but at the last element, where it gives 0."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_x = 2 * grad_out
+        grad_x[-1] = 0
+        return grad_x
+
+
+def test_max_elements_samples_at_random_so_some_seed_checks_the_last_element():
+    """max_elements picks a random sample, not the first elements: checking 3 of 12, the seeds
+    between them check the one wrong element (the last), which the first 3 would never include.
+    Kills the mutant gradcheck.max_elements_checks_the_first."""
+    x = mt.tensor(np.linspace(-1.0, 1.0, 12), requires_grad=True)
+    with pytest.raises(GradcheckError) as info:
+        gradcheck(DoubleWrongAtTheLast.apply, [x])  # every element checked: caught
+    assert info.value.element_index == (11,) and info.value.report.checked == 12
+    reports = [gradcheck_report(DoubleWrongAtTheLast.apply, [x], seed=seed, max_elements=3) for seed in range(10)]
+    caught = [report for report in reports if report is not None]
+    assert caught, "no seed sampled the last element: max_elements does not sample at random"
+    assert all(report.element_index == (11,) and report.checked == 3 and report.size == 12 for report in caught)
+    assert len(caught) < len(reports)  # a sample of 3 in 12 misses it too, for some seeds
+
+
+class DoubleWithAbsoluteUpstream(Function):
+    """y = 2x, whose backward uses |grad_out| where it should use grad_out: right only where the
+    upstream gradient is positive."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return 2 * np.abs(grad_out)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_upstream_gradient_has_both_signs(seed):
+    """The random upstream gradient is not all positive, so a backward that drops grad_out's sign
+    is reported. Kills the mutant gradcheck.upstream_positive."""
+    x = mt.tensor(np.linspace(-1.0, 1.0, 8), requires_grad=True)
+    with pytest.raises(GradcheckError) as info:
+        gradcheck(DoubleWithAbsoluteUpstream.apply, [x], seed=seed)
+    assert info.value.analytic == pytest.approx(-info.value.numeric)  # the sign is what it got wrong

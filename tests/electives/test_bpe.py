@@ -345,3 +345,17 @@ def test_bits_per_character():
 @given(TEXT)
 def test_count_characters(text):
     assert count_characters(text.encode("utf-8")) == len(text)
+
+
+def test_encode_merges_the_lowest_ranked_pair_not_the_leftmost():
+    """Encoding applies merges in the order learned, wherever they stand in the chunk. Kills the
+    mutant bpe.encode_merges_the_leftmost_pair (which the property tests miss at the pinned seed)."""
+    # chunks "bcbcbc" 1, " abab" 1. Pairs: bc 3, cb 2, ab 2, " a" 1, ba 1.
+    #   merge 0: bc -> 256:  "bcbcbc" = [256, 256, 256]   pairs: (256, 256) 2, ab 2
+    #   tie at 2: (97, 98) < (256, 256), so merge 1: ab -> 257; then merge 2: (256, 256) -> 258
+    tok = BytePairTokenizer.train("bcbcbc abab", 1000)
+    assert tok.merges == [(98, 99), (97, 98), (256, 256)]
+    # "abc" holds ab (rank 1) left of bc (rank 0): bc is merged first, which leaves ab nothing to merge
+    assert tok.encode("abc").tolist() == [ord("a"), 256]  # the leftmost pair first would give [257, ord("c")]
+    assert tok.encode("abcbc").tolist() == [ord("a"), 258]
+    assert tok.encode("abc").tolist() == naive_encode("abc", tok.merges)

@@ -658,3 +658,21 @@ def test_refusals_name_what_is_wrong(quick_base, tmp_path, capsys, setup, expect
     for fragment in expected:
         assert fragment in text, text
     assert not list(tmp_path.rglob(".ckpt-*"))  # no temporary file left
+
+
+@pytest.mark.parametrize("rank, alpha", [(2, 6.0), (4, 2.0)], ids=["alpha-above-rank", "alpha-below-rank"])
+def test_the_update_is_scaled_by_alpha_over_rank(rank, alpha):
+    """y = x W + b + (alpha / rank) (x A) B, written out in numpy, for alpha != rank (alpha = rank
+    gives scale 1 whichever way round it is written), and the merge uses the same scale. Kills the
+    mutant lora.scale_rank_over_alpha."""
+    mt.manual_seed(3)
+    layer = LoRALinear(mt.nn.Linear(8, 6, bias=True, dtype=mt.float64), rank, alpha)
+    layer.lora_b.data[...] = np.random.default_rng(4).uniform(-1, 1, (rank, 6))  # as if trained: B no longer 0
+    assert layer.scale == alpha / rank
+    x = tensor((3, 8), 5, requires_grad=False)
+    W, b, A, B = (p.data for p in (layer.weight, layer.bias, layer.lora_a, layer.lora_b))
+    expected = x.data @ W + b + (alpha / rank) * (x.data @ A) @ B
+    np.testing.assert_allclose(layer(x).data, expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(layer.merged_weight(), W + (alpha / rank) * A @ B, rtol=1e-12, atol=1e-12)
+    model = add_lora(tiny(), rank=rank, alpha=alpha)  # add_lora passes alpha on unchanged
+    assert all(adapted.scale == alpha / rank and adapted.alpha == alpha for _, adapted in lora_layers(model))

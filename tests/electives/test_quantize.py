@@ -404,3 +404,18 @@ def test_errors_of_quantize_model():
     next(model.parameters()).requires_grad_(True)  # a norm's weight made trainable again
     with pytest.raises(InputError, match="inference only"):
         model(np.array([[1, 2]]))
+
+
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_int4_codes_read_back_low_nibble_first(layout):
+    """codes() and dequantize() read the packed bytes the way pack_int4 wrote them (row 2r in the
+    low nibble, 2r + 1 in the high), in both layouts and for an odd K; unpack_int4 inverts
+    pack_int4 for every code. Kills the mutant quantize.unpack_int4_swapped_nibbles."""
+    w = np.array([[-7.0, 1.0], [7.0, 0.0], [3.0, -1.0]])  # K = 3, M = 2: codes as in the test above
+    qm = Q.quantize(w if layout == "in_out" else w.T, bits=4, group_size=3, layout=layout)
+    expected = [[-7, 7], [7, 0], [3, -7]]
+    assert qm.codes().dtype == np.int8 and qm.codes().tolist() == expected
+    np.testing.assert_array_equal(qm.codes(), stored_codes(qm))  # this file's own unpacking agrees
+    np.testing.assert_array_equal(qm.dequantize(), w)  # scales 1 and 1/7: exact
+    codes = np.random.default_rng(0).integers(-7, 8, (5, 4))  # K = 5, odd: a padded last byte row
+    np.testing.assert_array_equal(Q.unpack_int4(Q.pack_int4(codes), 5), codes)
