@@ -191,8 +191,8 @@ def test_an_edited_readable_kernel_is_seen_on_the_next_run(tmp_path):
     shutil.copytree(ROOT / "microtensor", tmp_path / "microtensor", ignore=shutil.ignore_patterns("__pycache__"))
     before = run_copy(tmp_path, "readable")
     assert abs(float(before[0]) - 1) < 1e-6
-    checks = tmp_path / "microtensor" / "ops" / "checks.py"  # a file no kernel lives in
-    edit(checks, '"""Input checks', '"""(edited) Input checks')
+    checks = tmp_path / "microtensor" / "checks.py"  # a file no kernel lives in
+    edit(checks, '"""Every check of', '"""(edited) Every check of')
     assert run_copy(tmp_path, "readable") == before  # recompiled, same values
     gelu = tmp_path / "microtensor" / "ops" / "gelu.py"
     edit(gelu, "        y[i] = half * x[i] * (one + np.tanh(u))", "        y[i] = x[i] * (one + np.tanh(u))")
