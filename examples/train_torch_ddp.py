@@ -16,6 +16,7 @@ gpt/model/transformer.py for every option the export's config may hold (norm, ml
 with nanoGPT's names; tests/test_convert.py checks that it computes microtensor's logits.
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -258,7 +259,11 @@ def main(argv=None):
         print(f"wrote {args.out}: import it with python -m gpt.checkpoints.convert {args.out} <folder>")
     if distributed:
         dist.barrier()  # rank 0 has written the file: every process leaves at the same point
-        del trained  # DDP's reducer uses the process group: it goes first
+        # DDP's reducer uses the process group, so it goes first. DDP holds reference cycles (its
+        # hooks), so `del` alone leaves it for the interpreter's exit, after the group is gone,
+        # where its threads can abort the process: collect it now.
+        del trained
+        gc.collect()
         dist.destroy_process_group()
 
 
