@@ -31,7 +31,7 @@ from rich.markup import escape
 
 import microtensor as mt
 import microtensor.fast.process
-from microtensor.errors import InputError, MicrotensorError
+from microtensor import InputError, MicrotensorError
 from gpt.checkpoints import checkpoint
 from gpt.generation.electives.beam_search import beam_search
 from gpt.text.electives.bpe import BytePairTokenizer

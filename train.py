@@ -51,8 +51,7 @@ from rich.text import Text
 
 import microtensor as mt
 import microtensor.fast.process
-from microtensor import optim
-from microtensor.errors import MicrotensorError
+from microtensor import MicrotensorError, optim
 from gpt.checkpoints import checkpoint
 from gpt.model.electives import lora
 from gpt.model.transformer import GPTConfig

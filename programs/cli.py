@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import microtensor as mt
-from microtensor.errors import MicrotensorError
+from microtensor import MicrotensorError
 from gpt.model.transformer import ConfigError
 
 console = Console(soft_wrap=True)  # long lines (paths) wrap in the terminal, never with a break inserted

@@ -19,8 +19,7 @@ import numpy as np
 from rich.markup import escape
 
 import microtensor as mt
-from microtensor import optim
-from microtensor.errors import InputError, InputTypeError, MicrotensorError
+from microtensor import InputError, InputTypeError, MicrotensorError, optim
 from gpt.text.electives import bpe
 from gpt.checkpoints import checkpoint
 from gpt.text import data

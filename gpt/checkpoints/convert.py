@@ -74,8 +74,7 @@ from pathlib import Path
 import numpy as np
 
 import microtensor as mt
-from microtensor import nn
-from microtensor.errors import MicrotensorError
+from microtensor import MicrotensorError, nn
 
 from . import checkpoint
 from gpt.model.transformer import GPT, GPTConfig

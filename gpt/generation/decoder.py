@@ -31,8 +31,7 @@ import math
 import numpy as np
 
 import microtensor as mt
-from microtensor import nn
-from microtensor.errors import InputError, InputTypeError
+from microtensor import InputError, InputTypeError, nn
 from microtensor.checks import is_real_number
 
 SINGLE_THREAD_TOKENS = 16  # steps over at most this many tokens run the kernels on one thread

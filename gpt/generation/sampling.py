@@ -10,7 +10,7 @@ the Decoder, sample a token per sequence from the last position's logits, append
 """
 import numpy as np
 
-from microtensor.errors import InputError
+from microtensor import InputError
 
 from gpt.generation.decoder import Decoder, check_generation_options
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from microtensor.errors import InputError, InputTypeError
+from microtensor import InputError, InputTypeError
 from microtensor.checks import is_real_number
 
 from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int

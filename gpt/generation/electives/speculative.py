@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from microtensor.errors import InputError, InputTypeError
+from microtensor import InputError, InputTypeError
 
 from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int
 from gpt.model.transformer import GPT
