@@ -10,7 +10,8 @@ number can be found again: it is the first line of the file that contains the ti
     python docs/links.py --check    # list every stale or broken reference; exit 1 if there is one
     python docs/links.py --fix      # rewrite every stale number, then list what could not be fixed
 
-It looks at README.md and every docs/**/*.md, and knows three kinds of reference:
+It looks at README.md and every docs/**/*.md (or the pages given after the flag), and knows three
+kinds of reference:
 
 1. A Markdown link with a `#L<n>` anchor and a title, as above. The anchor is fresh when line n
    contains the title. Otherwise --fix moves it to the one line that contains the title; no such
@@ -28,6 +29,10 @@ It looks at README.md and every docs/**/*.md, and knows three kinds of reference
 
 Every other relative link (`[the example](../examples/step_backward.py)`) must name a file that
 exists, and a link to a heading (`autodiff.md#vjp-and-jvp`) a heading that exists.
+
+A stale number (a line that moved) still leads a reader near the right place, so
+tests/test_docs.py fails only on what --fix cannot repair; `--check` runs in CI before the tests,
+so that no stale number is ever merged.
 """
 import argparse
 import re
@@ -59,7 +64,12 @@ class Reference:
 
     def where(self):
         row = self.page.read_text(encoding="utf-8").count("\n", 0, self.start) + 1
-        return f"{self.page.relative_to(ROOT)}:{row}"
+        return f"{shown(self.page)}:{row}"
+
+
+def shown(path):
+    """A path as the messages show it: from the repository's root when it lies inside."""
+    return path.relative_to(ROOT) if ROOT in path.parents else path
 
 
 def pages():
@@ -186,7 +196,7 @@ def function_lines(lines, function):
 def locate(reference):
     """(the line the reference should name, None) or (None, the reason it cannot be found)."""
     lines = source_lines(reference.source)
-    name = reference.source.relative_to(ROOT) if ROOT in reference.source.parents else reference.source
+    name = shown(reference.source)
     if 1 <= reference.line <= len(lines) and _holds(reference, lines[reference.line - 1]):
         return reference.line, None
     candidates = [number for number, line in enumerate(lines, 1) if _holds(reference, line)]
@@ -205,10 +215,11 @@ def locate(reference):
     return candidates[0], None
 
 
-def scan():
-    """(edits: {page: [(start, end, new line)]}, stale: [messages], problems: [messages])."""
+def scan(given=None):
+    """(edits: {page: [(start, end, new number)]}, stale: [messages], problems: [messages]), for the
+    pages given (Paths), or pages()."""
     edits, stale, problems = {}, [], []
-    for page in pages():
+    for page in pages() if given is None else given:
         found, page_problems = references(page)
         problems += page_problems
         moves = {}  # (source, old line) -> new line, from the references that carry a text
@@ -222,28 +233,32 @@ def scan():
             moves.setdefault((reference.source, reference.line), new)
             if new != reference.line:
                 edits.setdefault(page, []).append((reference.start, reference.end, new))
-                stale.append(f"{reference.where()}: {reference.kind} {reference.source.relative_to(ROOT)}#L{reference.line} "
+                stale.append(f"{reference.where()}: {reference.kind} {shown(reference.source)}#L{reference.line} "
                              f"should be #L{new} (the line holding {reference.text!r})")
         for reference in found:
             if reference.kind != "breakpoint":
                 continue
             key = (reference.source, reference.line)
             if key not in moves:
-                problems.append(f"{reference.where()}: the breakpoint at {reference.source.relative_to(ROOT)}:{reference.line} "
+                problems.append(f"{reference.where()}: the breakpoint at {shown(reference.source)}:{reference.line} "
                                 "names a line that no titled link or pasted frame of this page names")
             elif moves[key] != reference.line:
                 edits.setdefault(page, []).append((reference.start, reference.end, moves[key]))
-                stale.append(f"{reference.where()}: breakpoint {reference.source.relative_to(ROOT)}:{reference.line} "
+                stale.append(f"{reference.where()}: breakpoint {shown(reference.source)}:{reference.line} "
                              f"should be :{moves[key]}")
     return edits, stale, problems
 
 
+def fixed(text, changes):
+    """The text of a page with its stale numbers rewritten (changes: edits[page] from scan)."""
+    for start, end, new in sorted(changes, reverse=True):
+        text = text[:start] + str(new) + text[end:]
+    return text
+
+
 def fix(edits):
     for page, changes in edits.items():
-        text = page.read_text(encoding="utf-8")
-        for start, end, new in sorted(changes, reverse=True):
-            text = text[:start] + str(new) + text[end:]
-        page.write_text(text, encoding="utf-8")
+        page.write_text(fixed(page.read_text(encoding="utf-8"), changes), encoding="utf-8")
 
 
 def main(argv=None):
@@ -251,8 +266,9 @@ def main(argv=None):
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--check", action="store_true", help="list stale or broken references, exit 1 if any")
     action.add_argument("--fix", action="store_true", help="rewrite stale line numbers in place")
+    parser.add_argument("pages", nargs="*", type=Path, help="Markdown pages to look at (default: README.md and docs/**/*.md)")
     args = parser.parse_args(argv)
-    edits, stale, problems = scan()
+    edits, stale, problems = scan([page.resolve() for page in args.pages] or None)
     if args.fix:
         fix(edits)
         for message in stale:
