@@ -2,7 +2,7 @@
 
 - Every `#L<n>` link of README.md and docs/**/*.md still leads to the line it explains
   (docs/links.py): its title is found on one line of a file that exists. A number that is merely
-  stale (the line moved) still leads a reader near
+  stale (the line moved, a file of a "Read in this order" table grew) still leads a reader near
   the right place and passes here, so that a mutant or a refactor in progress does not read as a
   failure of the docs; `python docs/links.py --check`, a step of .ci/run, keeps main free of them.
 - Every ```python block of those pages runs: the blocks of one page in order, sharing one
@@ -164,6 +164,27 @@ def test_a_stale_number_passes_here_and_fails_the_check(tmp_path, monkeypatch):
     assert current_text(page) == 'See [op_backward](op.py#L4 "def op_backward") and `b op.py:4`.\n'
     page.write_text('See [op_backward](op.py#L1 "def nothing_here").\n')
     assert links.scan([page])[2], "a title that no line holds must be a problem, which fails the test above"
+
+
+def test_reading_order_line_counts(tmp_path):
+    """In a table under a "Read in this order" heading, the third cell of a row whose second cell
+    links to a file is that file's count of lines: --check finds a wrong one, --fix rewrites it."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "first.py").write_text("x = 1\ny = 2\n")
+    (tmp_path / "pkg" / "second.py").write_text("z = 3\n")
+    page = tmp_path / "README.md"
+    page.write_text("# A project\n\n## Read in this order\n\n| | file | lines | what it holds |\n|---|---|---|---|\n"
+                    "| 1 | [pkg/first.py](pkg/first.py) | 2 | x and y |\n| 2 | [pkg/second.py](pkg/second.py) | 7 | z |\n\n"
+                    "## Elsewhere\n\n| 1 | [pkg/first.py](pkg/first.py) | 9 | not a reading order |\n")
+    edits, stale, problems = links.scan([page])
+    assert not problems and stale == [f"{page}:8: line count of {tmp_path / 'pkg' / 'second.py'} should be 1 (wc -l), not 7"]
+    assert links.main(["--check", str(page)]) == 1
+    assert links.main(["--fix", str(page)]) == 0
+    assert "| 2 | [pkg/second.py](pkg/second.py) | 1 | z |" in page.read_text()
+    assert "| 1 | [pkg/first.py](pkg/first.py) | 9 | not a reading order |" in page.read_text()
+    assert links.main(["--check", str(page)]) == 0
+    page.write_text(page.read_text() + "\n## Read in this order, again\n\n| 1 | [pkg/gone.py](pkg/gone.py) | 3 | |\n")
+    assert any("pkg/gone.py names no file" in problem for problem in links.scan([page])[2])
 
 
 def test_links_check_finds_a_stale_link(tmp_path, monkeypatch):
