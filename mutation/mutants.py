@@ -301,6 +301,13 @@ MUTANTS = [
         gradcheck_cases("readable", "Max"),
         why="every tied maximum gets the whole gradient instead of an even share",
     ),
+    Mutant(
+        "max.backward_nan", "microtensor/ops/reduce.py",
+        "is_max = (x == y) | np.isnan(x)",
+        "is_max = x == y",
+        "tests/test_engine.py -k nan_is_the_nan",
+        why="a NaN never equals the max it made: no element takes the gradient, and 0 / 0 warns",
+    ),
     # ----------------------------------------------------------------------------- shape ops
     Mutant(
         "reshape.backward", "microtensor/ops/shape.py",

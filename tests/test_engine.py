@@ -1,4 +1,5 @@
 """The autograd engine: graph building, the backward walk, accumulation, modes and errors."""
+import numba
 import numpy as np
 import pytest
 
@@ -342,6 +343,24 @@ def test_max_splits_ties_evenly():
     x = leaf([[1.0, 3.0, 3.0], [0.0, -1.0, 2.0]])
     x.max(dim=1).backward(np.array([1.0, 1.0]))
     np.testing.assert_array_equal(x.grad, [[0.0, 0.5, 0.5], [0.0, 0.0, 1.0]])
+
+
+@pytest.mark.parametrize("kernels", ["readable", "fast"])
+def test_max_of_a_nan_is_the_nan_and_it_takes_the_gradient(kernels, recwarn):
+    """np.max propagates NaN, so a NaN is its group's max: it takes the gradient (split evenly
+    between several NaNs), as in PyTorch, and no numpy warning escapes."""
+    if kernels == "fast" and numba.config.DISABLE_JIT:
+        pytest.skip("the fast kernels need Numba's compiler")
+    with mt.using_kernels(kernels):
+        x = leaf([[1.0, np.nan, 2.0], [np.nan, 0.0, np.nan], [3.0, 1.0, 3.0]])
+        y = x.max(dim=1)
+        y.backward(np.array([1.0, 2.0, 4.0]))
+        z = leaf([1.0, np.nan])
+        F.max(z).backward()
+    np.testing.assert_array_equal(y.data, [np.nan, np.nan, 3.0])
+    np.testing.assert_array_equal(x.grad, [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [2.0, 0.0, 2.0]])
+    np.testing.assert_array_equal(z.grad, [0.0, 1.0])
+    assert not recwarn.list, [str(w.message) for w in recwarn.list]
 
 
 def test_functional_and_methods_agree():
