@@ -1,4 +1,6 @@
 """The autograd engine: graph building, the backward walk, accumulation, modes and errors."""
+import re
+
 import numba
 import numpy as np
 import pytest
@@ -744,3 +746,18 @@ def test_float_int_and_format_take_the_value_of_a_one_element_tensor():
     for convert in (float, int, lambda t: f"{t:.2f}"):
         with pytest.raises(mt.InputError, match=r"the tensor has 2 elements \(shape \(2,\)\), expected 1"):
             convert(mt.ones(2))
+
+
+# ------------------------------------------------------------------------------ seeds
+
+
+@pytest.mark.parametrize("seed, error, message", [
+    (-1, mt.InputError, "manual_seed: seed must be >= 0, got -1"),
+    ("abc", mt.InputTypeError, "manual_seed: seed must be an int, got 'abc' (str)"),
+    (1.5, mt.InputTypeError, "manual_seed: seed must be an int, got 1.5 (float)"),
+    (True, mt.InputTypeError, "manual_seed: seed must be an int, got True (bool)"),
+])
+def test_manual_seed_refuses_what_is_not_a_seed(seed, error, message):
+    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        mt.manual_seed(seed)
+    assert mt.manual_seed(np.int64(7)).random() == np.random.default_rng(7).random()
