@@ -28,8 +28,8 @@ import numpy as np
 from .tensor import Tensor, get_default_dtype, set_default_dtype
 from . import checks, functional, nn, optim
 from .autograd import Function, is_grad_enabled, no_grad, unbroadcast
-from .checks import FLOAT_DTYPES, as_dtype as _as_dtype, bool_, check_flag as _check_flag, float32, float64, int64
-from .errors import GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, StateDictError, ThreadingError
+from .checks import FLOAT_DTYPES, allocate as _allocate, as_dtype as _as_dtype, bool_, check_flag as _check_flag, float32, float64, int64
+from .errors import AllocationError, GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, StateDictError, ThreadingError
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck, gradcheck_case, gradcheck_report
 from .kernels import get_kernels, set_kernels, using_kernels
 from .threads import num_threads
@@ -76,14 +76,6 @@ def _shape(where, shape):
         if n < 0:
             raise InputError(f"{where}: sizes must be >= 0, got {n} in {shape}")
     return tuple(int(n) for n in shape)
-
-
-def _allocate(where, make, shape, dtype):
-    """make(shape, dtype), with numpy's refusal of an impossible size reported as ours."""
-    try:
-        return make(shape, dtype)
-    except (ValueError, MemoryError) as error:
-        raise InputError(f"{where}: cannot allocate a tensor of shape {shape} and dtype {dtype}: {error}") from None
 
 
 def _generator(where, generator):

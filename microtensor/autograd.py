@@ -27,6 +27,10 @@ more, when a graph is recorded), and before the walk calls an op's backward it c
 whose array the op saved, and not the op's output either, has changed since. An input the op did
 not save (Add keeps nothing) may change freely: its gradient does not depend on its values.
 
+Sizes too large. A forward or backward that asks numpy for more memory than there is (a matmul of
+two 10^6-long vectors' outer product) makes numpy raise MemoryError; `apply` and the walk report it
+as an AllocationError naming the op and its inputs, one place for every op's arrays.
+
 Processes made by fork(). Numba runs parallel kernels on a pool of threads from its threading layer;
 the default on Linux is GNU OpenMP, whose threads do not survive fork(): in a child process forked
 after a parallel kernel has run, the next parallel kernel kills the child (and a multiprocessing
@@ -43,8 +47,8 @@ import os
 
 import numpy as np
 
-from .checks import check_flag, describe
-from .errors import GraphError, InputError, InputTypeError, ThreadingError
+from .checks import check_flag, describe, is_size_refusal
+from .errors import AllocationError, GraphError, InputError, InputTypeError, ThreadingError
 from .kernels import active
 from .tensor import Tensor
 
@@ -158,7 +162,12 @@ class Function:
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
         if os.getpid() != _process_id:
             _check_forked_process()
-        out = cls.forward(ctx, *arrays, **kwargs)
+        try:
+            out = cls.forward(ctx, *arrays, **kwargs)
+        except (MemoryError, ValueError) as error:
+            if not is_size_refusal(error):
+                raise
+            raise _allocation_error(cls, "forward", args, error) from None
         if type(out) is not np.ndarray:
             out = _as_output_array(cls, out)
         result = Tensor._from_array(out, requires_grad)
@@ -199,6 +208,13 @@ def _check_forked_process():
             "with the tbb package installed where Numba finds it"
         )
     _process_id = os.getpid()
+
+
+def _allocation_error(function, stage, inputs, error):
+    """numpy's refusal of a size inside an op's forward or backward, as an AllocationError naming the
+    op and its inputs (numpy's own message names the array it could not make)."""
+    layouts = ", ".join(f"{x.shape} {x.dtype}" for x in inputs if isinstance(x, Tensor))
+    return AllocationError(f"{function.__name__} ({stage}): cannot allocate its arrays for inputs of shape and dtype {layouts}: {error}")
 
 
 def _as_output_array(function, out):
@@ -364,10 +380,15 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
                 "by the first backward; call backward(retain_graph=True) the first time"
             )
         ctx.check_versions(tensor)
-        if run_op is None:
-            input_grads = ctx.function.backward(ctx, grad_out)
-        else:
-            input_grads = run_op(ctx, grad_out)
+        try:
+            if run_op is None:
+                input_grads = ctx.function.backward(ctx, grad_out)
+            else:
+                input_grads = run_op(ctx, grad_out)
+        except (MemoryError, ValueError) as error:
+            if not is_size_refusal(error):
+                raise
+            raise _allocation_error(ctx.function, "backward", ctx.inputs, error) from None
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
         if len(input_grads) != len(ctx.inputs):

@@ -11,6 +11,7 @@ This module imports nothing of microtensor but its errors, so that every other m
 first) can import it at the top. It knows a Tensor by `TensorBase`, the class Tensor derives from.
 
     dtypes and values  FLOAT_DTYPES, as_dtype, describe, check_flag, check_real, check_int, as_real, as_count
+    sizes              is_size_refusal, allocate
     shapes and dims    broadcast_shape, normalize_dim
     tensors            check_tensor, check_float, check_integer, check_ndim, check_last_dim
     layers (nn.py)     check_layer_dtype, check_size, check_layer_flag, check_norm_eps, check_layer_input
@@ -19,7 +20,7 @@ import math
 
 import numpy as np
 
-from .errors import InputError, InputIndexError, InputTypeError
+from .errors import AllocationError, InputError, InputIndexError, InputTypeError, MicrotensorError
 
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
@@ -122,6 +123,30 @@ def check_int(op, name, value, low=None, high=None):
         expected = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise InputError(f"{op}: {name} must be {expected}, got {value}")
     return int(value)
+
+
+# ----------------------------------------------------------------------------- sizes
+
+
+def is_size_refusal(error):
+    """True for numpy's refusal of a size: a MemoryError (not enough memory for it), or the
+    ValueError numpy raises for a size beyond any address ("array is too big", "Maximum allowed
+    dimension exceeded"). Our own errors are never one: they already say what was wrong."""
+    if isinstance(error, MicrotensorError):
+        return False
+    return isinstance(error, MemoryError) or (isinstance(error, ValueError) and str(error).startswith(("array is too big", "Maximum allowed dimension")))
+
+
+def allocate(where, make, shape, dtype):
+    """make(shape, dtype), with numpy's refusal of an impossible size reported as an AllocationError
+    naming `where`, the shape and the dtype. (An op's arrays need no call of this: `Function.apply`
+    and the backward walk report a refusal inside any forward or backward the same way.)"""
+    try:
+        return make(shape, dtype)
+    except (ValueError, MemoryError) as error:
+        if not is_size_refusal(error):
+            raise
+        raise AllocationError(f"{where}: cannot allocate a tensor of shape {shape} and dtype {dtype}: {error}") from None
 
 
 # ----------------------------------------------------------------------------- shapes and dims

@@ -8,6 +8,7 @@ working. Every message names the function, module or flag, what was given and wh
     InputError        a value, shape, range or option that does not fit      (a ValueError)
     InputTypeError    a wrong type or dtype                                  (a TypeError)
     InputIndexError   an index or a dim outside its range                    (an InputError and an IndexError)
+    AllocationError   a size this computer cannot allocate                   (an InputError and a MemoryError)
     GraphError        a graph used in a way it cannot be: a second backward through freed
                       arrays, an array saved for backward changed in place   (a RuntimeError)
     StateDictError    a state dict that does not fit the module or optimizer it is loaded
@@ -35,6 +36,12 @@ class InputTypeError(MicrotensorError, TypeError):
 class InputIndexError(InputError, IndexError):
     """An index or a dim outside its range (a value out of range, so an InputError too, like
     numpy's AxisError, which is both a ValueError and an IndexError)."""
+
+
+class AllocationError(InputError, MemoryError):
+    """A size this computer cannot allocate: numpy's MemoryError (or its ValueError for a size
+    beyond any address), reported with the op or layer that asked for it. A MemoryError too, so
+    that code which catches running out of memory still catches it."""
 
 
 class GraphError(MicrotensorError, RuntimeError):

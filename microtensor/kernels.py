@@ -15,6 +15,9 @@ twin when the fast set is chosen:
 
     active(softmax_forward)(x_rows, y_rows)
 
+`active` is a lookup in a dict (RUNNING_KERNELS, refilled whenever the set changes), not a function
+of ours: stepping into that line in a debugger lands in the kernel at once.
+
 Both sets are run by the same tests and must agree (tests/test_kernel_sets.py). Under
 NUMBA_DISABLE_JIT=1 every kernel runs as plain Python, which is what a debugger needs; only the
 readable set is meant for that (the fast set calls BLAS from compiled code), so it is the default
@@ -75,6 +78,7 @@ def set_kernels(name):
     if name == "fast":
         from . import fast  # noqa: F401  (importing it registers the fast twins)
     _chosen = name
+    RUNNING_KERNELS.refill()
 
 
 def get_kernels():
@@ -95,11 +99,32 @@ def using_kernels(name):
         set_kernels(previous)
 
 
-def active(readable_kernel):
-    """The kernel to run for `readable_kernel`: itself, or its fast twin under the fast set."""
-    if (_chosen or get_kernels()) == "fast":
-        return FAST_TWINS.get(readable_kernel, readable_kernel)
-    return readable_kernel
+def _to_run(readable_kernel):
+    return FAST_TWINS.get(readable_kernel, readable_kernel) if _chosen == "fast" else readable_kernel
+
+
+class RunningKernels(dict):
+    """Each readable kernel -> the kernel to run for it under the chosen set (itself, or its fast
+    twin). Every kernel `kernel` compiles is entered when it is made and again when the set changes;
+    a function it has never seen (or any before the set is first chosen) is entered on first use."""
+
+    def __missing__(self, readable_kernel):
+        get_kernels()  # the first use chooses the set, which enters every kernel made so far
+        self[readable_kernel] = _to_run(readable_kernel)
+        return self[readable_kernel]
+
+    def refill(self):
+        self.clear()
+        if _chosen is not None:
+            self.update((k, _to_run(k)) for k in READABLE_KERNELS)
+
+
+READABLE_KERNELS = []  # every kernel `kernel` has compiled, in the order they were made
+RUNNING_KERNELS = RunningKernels()
+
+# active(readable_kernel): the kernel to run for it. A dict lookup rather than a function of ours,
+# so that a debugger's step (pdb's `s`) from `active(kernel)(...)` goes straight into the kernel.
+active = RUNNING_KERNELS.__getitem__
 
 
 def fast_twin(readable_kernel):
@@ -108,6 +133,7 @@ def fast_twin(readable_kernel):
 
     def register(fast_kernel):
         FAST_TWINS[readable_kernel] = fast_kernel
+        RUNNING_KERNELS.pop(readable_kernel, None)  # entered again, with its twin, on its next use
         return fast_kernel
 
     return register
@@ -130,15 +156,23 @@ def kernel(function=None, *, parallel=False, fastmath=False, tag=""):
     def compile_(function):
         function = getattr(function, "py_func", function)  # a compiled kernel: compile its Python again
         if numba.config.DISABLE_JIT:
-            return function
+            return _entered(function)
         dispatcher = numba.njit(parallel=parallel, fastmath=fastmath, error_model="numpy")(function)
         # NUMBA_BOUNDSCHECK=1 compiles index checks into every kernel: a kernel of its own, cached apart
         options = repr((parallel, sorted(fastmath) if isinstance(fastmath, (set, frozenset)) else fastmath, tag, numba.config.BOUNDSCHECK))
         file_tag = tag + ("-boundscheck" if numba.config.BOUNDSCHECK else "")  # both kinds stay cached
         dispatcher._cache = SourceKeyedCache(function, file_tag, options)  # what cache=True would do, with our key
-        return dispatcher
+        return _entered(dispatcher)
 
     return compile_ if function is None else compile_(function)
+
+
+def _entered(readable_kernel):
+    """Enter a new kernel in RUNNING_KERNELS, so that `active` finds it without a call of ours."""
+    READABLE_KERNELS.append(readable_kernel)
+    if _chosen is not None:
+        RUNNING_KERNELS[readable_kernel] = _to_run(readable_kernel)
+    return readable_kernel
 
 
 _file_hashes = {}  # path -> (mtime, size, sha256 digest)

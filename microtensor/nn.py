@@ -35,7 +35,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import functional as F
-from .checks import check_layer_dtype, check_layer_flag, check_layer_input, check_norm_eps, check_size, float32
+from .checks import allocate, check_layer_dtype, check_layer_flag, check_layer_input, check_norm_eps, check_size, float32
 from .errors import InputError, InputIndexError, InputTypeError, StateDictError
 # What quantized layers are built of (weights kept as integers and scales, for inference: no
 # backward, so these are not in functional), and RoPE's table of angles, beside the sinusoidal one below.
@@ -375,9 +375,12 @@ class Linear(Module):
         self.in_features, self.out_features = in_features, out_features
         bound = 1.0 / np.sqrt(in_features)
         generator = get_generator()
-        self.weight = Parameter(generator.uniform(-bound, bound, (in_features, out_features)).astype(dtype))
+        def uniform(shape, dtype):
+            return generator.uniform(-bound, bound, shape).astype(dtype)
+
+        self.weight = Parameter(allocate("Linear", uniform, (in_features, out_features), dtype))
         if bias:
-            self.bias = Parameter(generator.uniform(-bound, bound, (out_features,)).astype(dtype))
+            self.bias = Parameter(allocate("Linear", uniform, (out_features,), dtype))
         else:
             self.bias = None
 
@@ -399,7 +402,10 @@ class Embedding(Module):
         num_embeddings = check_size("Embedding", "num_embeddings", num_embeddings)
         embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(get_generator().standard_normal((num_embeddings, embedding_dim)).astype(dtype))
+        def normal(shape, dtype):
+            return get_generator().standard_normal(shape).astype(dtype)
+
+        self.weight = Parameter(allocate("Embedding", normal, (num_embeddings, embedding_dim), dtype))
 
     def forward(self, ids):
         if not isinstance(ids, Tensor):

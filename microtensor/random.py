@@ -5,12 +5,15 @@ Ops that draw random numbers also take an explicit `generator=` argument.
 """
 import numpy as np
 
+from .checks import check_int
+
 _generator = np.random.default_rng(0)
 
 
 def manual_seed(seed):
-    """Re-seed the global generator; returns it."""
+    """Re-seed the global generator with `seed`, an int >= 0; returns it."""
     global _generator
+    seed = check_int("manual_seed", "seed", seed, low=0)
     _generator = np.random.default_rng(seed)
     return _generator
 

@@ -301,6 +301,27 @@ MUTANTS = [
         gradcheck_cases("readable", "Max"),
         why="every tied maximum gets the whole gradient instead of an even share",
     ),
+    Mutant(
+        "max.backward_nan", "microtensor/ops/reduce.py",
+        "is_max = (x == y) | np.isnan(x)",
+        "is_max = x == y",
+        "tests/test_engine.py -k nan_is_the_nan",
+        why="a NaN never equals the max it made: no element takes the gradient, and 0 / 0 warns",
+    ),
+    Mutant(
+        "moe.top_k_experts_nan_checked_in_one_column", "microtensor/ops/electives/moe.py",
+        "if np.isnan(probs).any():",
+        "if np.isnan(probs[:, 0]).any():",
+        'tests/electives/test_moe.py -k "nan_probability"',
+        why="a NaN probability of any expert but the first is ranked last instead of refused",
+    ),
+    Mutant(
+        "moe.top_k_gates_repeat_checked_unsorted", "microtensor/ops/electives/moe.py",
+        "repeated = ordered[:, 1:] == ordered[:, :-1]",
+        "repeated = experts[:, 1:] == experts[:, :-1]",
+        'tests/electives/test_moe.py -k "chosen_twice"',
+        why="an expert chosen twice is caught only when the two choices are neighbours",
+    ),
     # ----------------------------------------------------------------------------- shape ops
     Mutant(
         "reshape.backward", "microtensor/ops/shape.py",

@@ -382,3 +382,24 @@ def test_a_hook_on_a_scalar_sees_the_summed_gradient():
     x.register_hook(lambda grad: arrived.append((grad.shape, grad.item())))
     (x * x + 3 * x).backward()  # two 0-d gradients add up to a numpy scalar in the engine
     assert arrived == [((), 7.0)]
+
+
+def test_stepping_from_an_ops_backward_reaches_its_kernel_in_one_step():
+    """docs/debugging.md: pdb's `s` on `active(kernel)(...)` in an op's backward lands in the kernel.
+    `active` must therefore be no Python function of ours: choosing the kernel runs no Python frame."""
+    import numba
+
+    from microtensor.kernels import active
+    from microtensor.ops.layer_norm import layer_norm_backward_input
+    from microtensor.ops.softmax import softmax_forward
+
+    for kernels in ("readable",) + (() if numba.config.DISABLE_JIT else ("fast",)):
+        with mt.using_kernels(kernels):
+            frames = []
+            sys.settrace(lambda frame, event, arg: frames.append(frame.f_code.co_name))
+            try:
+                chosen = active(layer_norm_backward_input), active(softmax_forward)
+            finally:
+                sys.settrace(None)
+            assert frames == [], f"{kernels}: choosing a kernel ran {frames}"
+            assert (chosen[0] is layer_norm_backward_input) == (kernels == "readable")

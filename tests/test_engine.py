@@ -1,4 +1,7 @@
 """The autograd engine: graph building, the backward walk, accumulation, modes and errors."""
+import re
+
+import numba
 import numpy as np
 import pytest
 
@@ -344,6 +347,24 @@ def test_max_splits_ties_evenly():
     np.testing.assert_array_equal(x.grad, [[0.0, 0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
+@pytest.mark.parametrize("kernels", ["readable", "fast"])
+def test_max_of_a_nan_is_the_nan_and_it_takes_the_gradient(kernels, recwarn):
+    """np.max propagates NaN, so a NaN is its group's max: it takes the gradient (split evenly
+    between several NaNs), as in PyTorch, and no numpy warning escapes."""
+    if kernels == "fast" and numba.config.DISABLE_JIT:
+        pytest.skip("the fast kernels need Numba's compiler")
+    with mt.using_kernels(kernels):
+        x = leaf([[1.0, np.nan, 2.0], [np.nan, 0.0, np.nan], [3.0, 1.0, 3.0]])
+        y = x.max(dim=1)
+        y.backward(np.array([1.0, 2.0, 4.0]))
+        z = leaf([1.0, np.nan])
+        F.max(z).backward()
+    np.testing.assert_array_equal(y.data, [np.nan, np.nan, 3.0])
+    np.testing.assert_array_equal(x.grad, [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [2.0, 0.0, 2.0]])
+    np.testing.assert_array_equal(z.grad, [0.0, 1.0])
+    assert not recwarn.list, [str(w.message) for w in recwarn.list]
+
+
 def test_functional_and_methods_agree():
     x = mt.tensor(np.linspace(-1, 1, 6).reshape(2, 3))
     np.testing.assert_array_equal(F.sum(x, 1).numpy(), x.sum(dim=1).numpy())
@@ -520,7 +541,7 @@ def test_constructors_check_shapes_dtypes_and_options():
         mt.zeros(2, dtype=mt.int64)
     with pytest.raises(mt.InputTypeError, match="rand: 'floaty' is not a dtype"):
         mt.rand(2, dtype="floaty")
-    with pytest.raises(mt.InputError, match="cannot allocate a tensor of shape"):
+    with pytest.raises(mt.AllocationError, match=r"^zeros: cannot allocate a tensor of shape \(10000000000, 10000000000\) and dtype float32"):
         mt.zeros(10**10, 10**10)
     with pytest.raises(mt.InputTypeError, match="generator must be a numpy Generator"):
         mt.randn(2, generator=0)
@@ -725,3 +746,70 @@ def test_float_int_and_format_take_the_value_of_a_one_element_tensor():
     for convert in (float, int, lambda t: f"{t:.2f}"):
         with pytest.raises(mt.InputError, match=r"the tensor has 2 elements \(shape \(2,\)\), expected 1"):
             convert(mt.ones(2))
+
+
+# ------------------------------------------------------------------------------ impossible sizes
+
+HUGE = 10**6  # a (HUGE, HUGE) float32 array is 3.6 TiB: no computer that runs these tests has it
+
+
+@pytest.mark.parametrize(
+    "name, call, op",
+    [
+        ("matmul", lambda: mt.zeros(HUGE, 1) @ mt.zeros(1, HUGE), "MatMul"),
+        ("embedding", lambda: F.embedding(mt.tensor(np.zeros(HUGE, dtype=np.int64)), mt.zeros(2, 10 * HUGE)), "Embedding"),
+        ("attention", lambda: F.scaled_dot_product_attention(*[mt.zeros(1, 1, HUGE, 1)] * 3), "ScaledDotProductAttention"),
+        ("scatter_add_rows", lambda: F.scatter_add_rows(mt.zeros(1, HUGE), np.array([0]), 10 * HUGE), "ScatterAddRows"),
+        ("softmax_jacobian", lambda: F.softmax_jacobian(mt.zeros(HUGE)), "softmax_jacobian"),
+        ("Linear", lambda: mt.nn.Linear(HUGE, HUGE), "Linear"),
+        ("Embedding", lambda: mt.nn.Embedding(10 * HUGE, HUGE), "Embedding"),
+        ("Linear beyond any address", lambda: mt.nn.Linear(10**10, 10**10), "Linear"),
+    ],
+)
+def test_an_impossible_size_is_an_allocation_error_naming_the_op(name, call, op):
+    """numpy's MemoryError (or its ValueError for a size beyond any address) becomes an
+    AllocationError (an InputError and a MemoryError) that names the op and numpy's shape and dtype."""
+    with pytest.raises(mt.AllocationError, match=rf"^{op}\b.*cannot allocate .*(shape \(|too big)") as caught:
+        call()
+    assert isinstance(caught.value, mt.InputError) and isinstance(caught.value, MemoryError)
+
+
+def test_an_allocation_refused_in_a_backward_names_the_op():
+    class Greedy(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            return np.empty((HUGE, HUGE), dtype=grad_out.dtype)
+
+    x = leaf([1.0, 2.0])
+    with pytest.raises(mt.AllocationError, match=r"^Greedy \(backward\): cannot allocate its arrays for inputs of shape and dtype \(2,\) float64"):
+        Greedy.apply(x).sum().backward()
+
+
+def test_an_error_of_a_forward_that_is_not_about_size_passes_unchanged():
+    class Picky(Function):
+        @staticmethod
+        def forward(ctx, x):
+            raise ValueError("not this one")
+
+    with pytest.raises(ValueError, match="^not this one$") as caught:
+        Picky.apply(leaf([1.0]))
+    assert not isinstance(caught.value, mt.MicrotensorError)
+
+
+# ------------------------------------------------------------------------------ seeds
+
+
+@pytest.mark.parametrize("seed, error, message", [
+    (-1, mt.InputError, "manual_seed: seed must be >= 0, got -1"),
+    ("abc", mt.InputTypeError, "manual_seed: seed must be an int, got 'abc' (str)"),
+    (1.5, mt.InputTypeError, "manual_seed: seed must be an int, got 1.5 (float)"),
+    (True, mt.InputTypeError, "manual_seed: seed must be an int, got True (bool)"),
+])
+def test_manual_seed_refuses_what_is_not_a_seed(seed, error, message):
+    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        mt.manual_seed(seed)
+    assert mt.manual_seed(np.int64(7)).random() == np.random.default_rng(7).random()

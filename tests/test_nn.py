@@ -456,3 +456,17 @@ def test_train_mode_must_be_a_bool_and_module_list_indices_ints():
         nn.Linear(2, 2).train("eval")  # a non-empty string would have meant True
     with pytest.raises(InputTypeError, match="ModuleList: an index must be an int or a slice, got str"):
         nn.ModuleList([nn.Linear(1, 1)])["0"]
+
+
+def test_layers_too_large_to_allocate_say_so():
+    """Linear, Embedding, and a GPT built of them, with a size this computer cannot hold: an
+    AllocationError (an InputError and a MemoryError) naming the layer, the shape and the dtype."""
+    from gpt.model.transformer import GPT, GPTConfig
+
+    with pytest.raises(mt.AllocationError, match=r"^Linear: cannot allocate a tensor of shape \(1000000, 1000000\) and dtype float32"):
+        nn.Linear(10**6, 10**6)
+    with pytest.raises(mt.AllocationError, match=r"^Embedding: cannot allocate a tensor of shape \(1000000, 10000000\) and dtype float64"):
+        nn.Embedding(10**6, 10**7, dtype=mt.float64)
+    with pytest.raises(mt.AllocationError, match=r"^Embedding: cannot allocate a tensor of shape \(1000000000, 64\) and dtype float32") as caught:
+        GPT(GPTConfig(vocab_size=10**9, n_embd=64))
+    assert isinstance(caught.value, InputError) and isinstance(caught.value, MemoryError)

@@ -96,13 +96,20 @@ from ..tensor import Tensor
 # --------------------------------------------------------------------------------- ALiBi's slopes
 
 
+MAX_HEADS = 2**16  # every head needs at least one channel, and no model's embedding is this wide
+
+
 def alibi_slopes(n_head):
     """The ALiBi paper's slopes m_h for n_head heads, a float64 array (n_head,) (cast it to the
     model's dtype). For n a power of two: the geometric sequence 2^(-8/n), 2^(-16/n), ...,
     2^(-8) (n = 8: 1/2, 1/4, ..., 1/256). Otherwise, with 2^a the largest power of two below n: the
     2^a slopes of 2^a heads, then every other slope of 2^(a+1) heads (the 1st, 3rd, ...) until
-    there are n; those fall between the first ones, so the heads still span near and far sight."""
+    there are n; those fall between the first ones, so the heads still span near and far sight.
+    At most MAX_HEADS = 65,536 heads: a count beyond any model's is a mistake (10**12 would fill the
+    memory with slopes before failing)."""
     n_head = check_int("alibi_slopes", "n_head", n_head, low=1)
+    if n_head > MAX_HEADS:
+        raise InputError(f"alibi_slopes: n_head must be <= {MAX_HEADS} (every head needs at least one channel of the embedding), got {n_head}")
     power = 1 << (n_head.bit_length() - 1)  # 2^a <= n_head < 2^(a+1)
 
     def geometric(n):  # the n slopes of n heads, n a power of two

@@ -8,7 +8,8 @@ Backward sends each output's gradient back to the input elements it was made fro
     max:   y = max_i x_i             dL/dx_i = g / k if x_i is one of the k elements equal to the max, else 0
 
 (`max` splits the gradient evenly between ties, like `torch.amax`; it returns values only: use
-`argmax` for the indices.)
+`argmax` for the indices.) A NaN is the max of every group that holds one, as in numpy and
+PyTorch: the max is NaN and the NaN elements take the gradient (split evenly if there are several).
 
 Empty reductions. A sum over no elements is 0, as in numpy and PyTorch. A mean or a max over no
 elements has no value (a mean would be 0 / 0), so they are errors, unless the result is itself
@@ -83,7 +84,9 @@ class Max(Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, y = ctx.saved_tensors
-        is_max = x == y  # (x.shape) True at every element equal to its group's max
+        # (x.shape) True at every element equal to its group's max, and at a NaN: a NaN is its group's
+        # max (np.max propagates it), so it takes the gradient, as in PyTorch
+        is_max = (x == y) | np.isnan(x)
         ties = np.sum(is_max, axis=ctx.axes, keepdims=True)
         grad = grad_out if ctx.keepdim else np.expand_dims(grad_out, ctx.axes)
         return np.where(is_max, grad / ties.astype(x.dtype), x.dtype.type(0)), None, None

@@ -47,7 +47,7 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Function
-from ..checks import FLOAT_DTYPES, check_float, describe, normalize_dim
+from ..checks import FLOAT_DTYPES, allocate, check_float, describe, normalize_dim
 from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
 from ..kernels import active, kernel
@@ -87,7 +87,11 @@ def softmax_jacobian(y):
     if values.ndim == 0:
         raise InputError("softmax_jacobian: y must have at least one dim (the softmax dim, last)")
     column = values[..., :, None]  # (..., C, 1)
-    jacobian = column * np.eye(values.shape[-1], dtype=values.dtype) - column * values[..., None, :]  # (..., C, C)
+
+    def diag_minus_outer(shape, dtype):
+        return column * np.eye(values.shape[-1], dtype=dtype) - column * values[..., None, :]  # (..., C, C)
+
+    jacobian = allocate("softmax_jacobian", diag_minus_outer, values.shape + values.shape[-1:], values.dtype)
     return Tensor._from_array(jacobian) if isinstance(y, Tensor) else jacobian
 
 

@@ -175,6 +175,25 @@ def test_top_k_experts_ranks_ties_by_number():
         np.testing.assert_array_equal(ops.top_k_experts(probs, k), ops.top_k_experts_reference(probs, k))
 
 
+def test_top_k_experts_refuses_a_nan_probability():
+    """A NaN has no rank (argsort put it last, as if it were the least probable): the router has
+    failed, and top_k_gates would refuse the row anyway, so top_k_experts says where it is."""
+    probs = np.array([[0.2, 0.3, 0.5], [0.1, np.nan, 0.5]])
+    with pytest.raises(InputError, match=r"^top_k_experts: probs\[1, 1\] is NaN; expected probabilities"):
+        ops.top_k_experts(probs, 2)
+    with pytest.raises(InputError, match=r"^top_k_experts: probs\[1, 1\] is NaN"):
+        ops.top_k_experts(mt.tensor(probs), 1)
+
+
+def test_top_k_gates_refuses_an_expert_chosen_twice():
+    probs = mt.tensor(np.array([[0.2, 0.3, 0.5], [0.1, 0.4, 0.5]]), requires_grad=True)
+    with pytest.raises(InputError, match=r"^top_k_gates: row 1 of experts chooses expert 2 twice; expected k different experts per row"):
+        ops.top_k_gates(probs, [[0, 1], [2, 2]])
+    with pytest.raises(InputError, match=r"^top_k_gates: row 0 of experts chooses expert 0 twice"):
+        ops.top_k_gates(probs, np.array([[0, 1, 0], [0, 1, 2]]))
+    ops.top_k_gates(probs, [[2, 1, 0], [0, 2, 1]])  # every expert once: fine
+
+
 def test_op_errors():
     x = mt.tensor(np.zeros((3, 2)))
     with pytest.raises(InputError, match=r"gather_rows: rows holds 3, out of range: every value must be in \[0, 3\)"):

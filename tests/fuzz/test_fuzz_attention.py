@@ -64,8 +64,8 @@ def _scaled_dot_product_attention(draw):
 
 @fuzz("alibi_slopes")
 def _alibi_slopes(draw):
-    n = draw.choice((0, -1, 2.0, True, "4", None)) if draw.rarely() else draw.choice((1, 2, 3, 4, 5, 6, 8, 12, 16, np.int64(7)))
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+    n = draw.choice((0, -1, 2.0, True, "4", None, 2**16 + 1, 10**12)) if draw.rarely() else draw.choice((1, 2, 3, 4, 5, 6, 8, 12, 16, np.int64(7)))
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 1 <= n <= 2**16:
         draw.mark_invalid(f"n_head = {n!r}")
 
     def expect(result):

@@ -79,7 +79,11 @@ def _scatter_add_rows(draw):
 @fuzz("top_k_experts")
 def _top_k_experts(draw):
     N, E, dtype = draw.integer(0, 4), draw.integer(0 if draw.rarely() else 1, 5), draw.float_dtype()
-    probs = draw.layout(draw.rng.choice([0.1, 0.25, 0.5, 0.7], (N, E)).astype(dtype))  # ties among few values
+    values = draw.rng.choice([0.1, 0.25, 0.5, 0.7], (N, E)).astype(dtype)  # ties among few values
+    if draw.one_in(10) and values.size:
+        values.flat[draw.integer(0, values.size - 1)] = np.nan
+        draw.mark_invalid("a NaN probability")
+    probs = draw.layout(values)
     form = draw.choice(("tensor", "array"))
     argument = Tensor(probs) if form == "tensor" else probs
     if draw.one_in(10):
@@ -114,6 +118,9 @@ def _top_k_gates(draw):
         probs = {"1-d": lambda: Tensor(values.reshape(-1)), "int tensor": lambda: Tensor(np.ones((N, E), np.int64)), "array": lambda: values}[kind]()
         draw.mark_invalid(f"probs: a {kind} where a 2-d float Tensor is needed")
     experts, ids = some_indices(draw, (N, k), E, "experts")
+    ordered = np.sort(ids, axis=-1)
+    if ids.ndim == 2 and np.any(ordered[:, 1:] == ordered[:, :-1]):
+        draw.mark_invalid("experts: an expert chosen twice in a row")
     if draw.one_in(12):
         experts = ids = np.zeros((N + 1, k) if draw.boolean() else (N, 0), np.int64)
         draw.mark_invalid("experts not (N, k) with k >= 1")

@@ -321,6 +321,13 @@ def test_alibi_slopes_are_the_papers():
         alibi_slopes(4.0)
 
 
+def test_alibi_slopes_refuse_a_head_count_no_model_has():
+    """10**12 heads once built a list of 10**12 floats (past 3 GB, for minutes) before failing."""
+    assert alibi_slopes(2**16).shape == (2**16,)  # the bound itself is fine
+    with pytest.raises(ValueError, match=r"^alibi_slopes: n_head must be <= 65536 \(every head needs at least one channel of the embedding\), got 1000000000000$"):
+        alibi_slopes(10**12)
+
+
 # --------------------------------------------------------------------------------- errors
 
 

@@ -109,13 +109,18 @@ def top_k_experts(probs, k):
 
     A selection made with numpy on the values, outside the graph: the indices get no gradient (the
     module docstring says why). Two equal probabilities are ranked by expert number, lower first
-    (a stable sort), so the choice is the same on every run. probs: a float array or Tensor.
+    (a stable sort), so the choice is the same on every run. probs: a float array or Tensor, with
+    no NaN (a NaN has no rank: it is refused, naming where it is).
     """
     if isinstance(probs, Tensor):
         probs = probs.data
     if not isinstance(probs, np.ndarray) or probs.dtype.kind != "f" or probs.ndim != 2:
         raise InputTypeError(f"top_k_experts: probs must be a 2-d float array (N, E), got {describe(probs)}")
     k = check_int("top_k_experts", "k", k, low=1, high=probs.shape[1])
+    if np.isnan(probs).any():
+        # A NaN ranks nowhere: the router has already failed, and top_k_gates refuses its row anyway
+        n, e = np.argwhere(np.isnan(probs))[0]
+        raise InputError(f"top_k_experts: probs[{n}, {e}] is NaN; expected probabilities (the router's softmax gave NaN: look for an inf or NaN logit)")
     order = np.argsort(-probs, axis=1, kind="stable")  # (N, E): experts from the most probable down
     return np.ascontiguousarray(order[:, :k], dtype=np.int64)
 
@@ -177,7 +182,7 @@ def top_k_gates_forward(probs, experts, gates, sums):
 @kernel
 def top_k_gates_backward(grad_out, experts, gates, sums, grad_probs):
     """grad_probs (N, E), zeroed first: grad_probs[n, experts[n, j]] += (g[n, j] - <g[n], gates[n]>) / s_n.
-    (+=: an expert chosen twice in a row collects both terms; an expert not chosen gets 0.)"""
+    (The experts of a row differ, so each chosen element gets one term; an expert not chosen gets 0.)"""
     N, K = experts.shape
     zero = gates.dtype.type(0)
     grad_probs[:] = 0
@@ -321,14 +326,19 @@ def scatter_add_rows(values, rows, n, weights=None):
 def top_k_gates(probs, experts):
     """The gates of a top-k routing: for each row n of probs (N, E), the probabilities of the experts
     experts[n] (N, k) (from `top_k_experts`), divided by their sum, so that each row of the result
-    (N, k) sums to 1. The gradient reaches only the chosen probabilities. Those of each row must
-    add up to more than 0 (a softmax's are all positive)."""
+    (N, k) sums to 1. The gradient reaches only the chosen probabilities. Each row names k different
+    experts, and their probabilities must add up to more than 0 (a softmax's are all positive)."""
     check_tensor("top_k_gates", probs, "probs")
     check_float("top_k_gates", probs)
     check_ndim("top_k_gates", "probs", probs, (2,), "a 2-d Tensor (N, E)")
     experts = _index_array("top_k_gates", "experts", experts, 2, probs.shape[1], "a 2-d array (N, k) of expert numbers")
     if experts.shape[0] != probs.shape[0] or experts.shape[1] < 1:
         raise InputError(f"top_k_gates: experts must be (N, k) with N = {probs.shape[0]} (the rows of probs) and k >= 1, got shape {experts.shape}")
+    ordered = np.sort(experts, axis=1)  # (N, k)
+    repeated = ordered[:, 1:] == ordered[:, :-1]  # (N, k - 1)
+    if repeated.any():
+        n, j = np.argwhere(repeated)[0]
+        raise InputError(f"top_k_gates: row {n} of experts chooses expert {ordered[n, j]} twice; expected k different experts per row (as top_k_experts gives)")
     sums = np.take_along_axis(probs.data, experts, axis=1).sum(axis=1)  # (N,)
     if not np.all(sums > 0):
         n = int(np.argmin(sums > 0))
@@ -361,11 +371,7 @@ def _top_k_gates_case(draw):
     N, E = draw.integer(1, 4), draw.integer(1, 4)
     k = draw.integer(1, E)
     probs = draw.tensor((N, E), 0.1, 1.0)  # positive, as a softmax's are (they need not sum to 1 here)
-    if draw.boolean():
-        # distinct experts per row, as top_k_experts gives: k consecutive experts from a drawn start
-        starts = np.array([draw.integer(0, E - 1) for _ in range(N)])
-        experts = (starts[:, None] + np.arange(k)) % E  # (N, k)
-    else:
-        experts = draw.indices((N, k), E).data  # an expert may repeat in a row: its gradient terms add
+    # k different experts per row, as top_k_experts gives, in a drawn order
+    experts = np.argsort(draw.tensor((N, E)).data, axis=1)[:, :k]  # (N, k)
     return (lambda probs: top_k_gates(probs, experts)), (probs,)
 
