@@ -108,3 +108,26 @@ def test_checks_and_errors_are_leaves():
 def test_no_function_level_import_inside_the_package():
     local = {(name, imported) for name, (_, imports) in import_graph().items() for imported in imports}
     assert local == LAZY
+
+
+# The model package is written against microtensor's public API, as a user's model would be: the
+# package itself, its functions and modules, its checks, and the fast set's vector math, which the
+# one-token decode kernel (gpt/generation/decode_kernel.py) compiles with.
+PUBLIC = {"microtensor", "microtensor.functional", "microtensor.nn", "microtensor.checks", "microtensor.fast"}
+MODEL_PACKAGE = PACKAGE.parent / "gpt"
+
+
+def test_the_model_package_imports_only_microtensors_public_api():
+    found = {}
+    for path in sorted(MODEL_PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = {node.module}
+            else:
+                continue
+            for name in names:
+                if name.startswith("microtensor") and name not in PUBLIC:
+                    found.setdefault(str(path.relative_to(PACKAGE.parent)), set()).add(name)
+    assert not found, f"gpt/ imports microtensor's internals: {found}; use microtensor, .functional, .nn, .checks or .fast"
