@@ -420,11 +420,11 @@ def jvpcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0):
     finally:
         for i, original in zip(moved, originals):
             inputs[i].data[...] = original
-    numeric = (plus - minus) / (2 * eps)
+    difference_quotient = (plus - minus) / (2 * eps)  # (f(x + eps v) - f(x - eps v)) / 2 eps
     analytic = tangent_out.data
     with np.errstate(invalid="ignore"):
-        error = np.abs(analytic - numeric)
-        ratio = np.where(np.isfinite(error), error / (atol + rtol * np.abs(numeric)), np.inf)
+        error = np.abs(analytic - difference_quotient)
+        ratio = np.where(np.isfinite(error), error / (atol + rtol * np.abs(difference_quotient)), np.inf)
     if ratio.size == 0 or np.max(ratio) <= 1:
         return None
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
@@ -433,8 +433,8 @@ def jvpcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0):
     return "\n".join([
         f"jvpcheck failed for {_subject(fn, ops)}",
         f"  output {out.shape}: {int(np.sum(ratio > 1))} of {ratio.size} elements out of tolerance, the worst {element}:",
-        f"  forward mode (jvp) {float(analytic[worst]):.8g}  vs  numeric (finite differences) {float(numeric[worst]):.8g}",
-        f"  error {float(error[worst]):.3g} > allowed {atol + rtol * abs(float(numeric[worst])):.3g} = atol {atol:g} + rtol {rtol:g} * |numeric|",
+        f"  forward mode (jvp) {float(analytic[worst]):.8g}  vs  numeric (finite differences) {float(difference_quotient[worst]):.8g}",
+        f"  error {float(error[worst]):.3g} > allowed {atol + rtol * abs(float(difference_quotient[worst])):.3g} = atol {atol:g} + rtol {rtol:g} * |numeric|",
         f"  Both are d/dt f(x + t v) at t = 0, v random tangents (seed {seed}) of inputs {moved}.",
         f"  Hint: {_jvp_hint(ops, 'jvp')}",
     ])

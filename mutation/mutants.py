@@ -66,6 +66,13 @@ MUTANTS = [
         forward_mode_cases("readable", "ScaledDotProductAttention"),
         why="attention's JVP passes the scores' tangent through the softmax without subtracting <P, dS>",
     ),
+    Mutant(
+        "gradcheck.jvp_difference_quotient_sign", "microtensor/gradcheck.py",
+        "difference_quotient = (plus - minus) / (2 * eps)",
+        "difference_quotient = (minus - plus) / (2 * eps)",
+        forward_mode_cases("readable", "Exp"),
+        why="jvpcheck's finite differences step the wrong way: every right JVP would read as wrong",
+    ),
     # ----------------------------------------------------------------------------- readable kernels
     Mutant(
         "softmax.backward.readable", "microtensor/ops/softmax.py",
