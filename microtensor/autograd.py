@@ -42,6 +42,19 @@ multiprocessing's "spawn" or "forkserver" method, or choose a threading layer th
 before the first parallel kernel runs (NUMBA_THREADING_LAYER=tbb, with the tbb package where Numba
 finds it, or =workqueue). microtensor does not choose the layer itself: it is a setting of the whole
 process, shared with every other user of Numba in it.
+
+Forward mode. Backward gives vector-Jacobian products: a row of the Jacobian J per output
+direction u (uᵀ J). Forward mode gives Jacobian-vector products J v: the directional derivative of
+the output when the inputs move along v, d/dt f(x + t v) at t = 0. Every Function also has a
+`jvp(ctx, *tangents) -> tangent_out` static method: given the Context its forward filled and one
+tangent per positional input (a numpy array shaped like that input, or None where the input has
+no tangent or is not a tensor), it returns the output's tangent, an array shaped like the output.
+`jvp(f, primals, tangents)` below runs f once with forward mode on: `apply` finds each input's
+tangent by the input's identity, calls the op's `jvp` when any input has one, and keeps the
+output's tangent beside it. Under forward mode `save_for_backward` keeps its arrays even when no
+input needs a gradient (the JVP rules read them), so reverse mode pays nothing for this; the rules
+are written with numpy (the readable reference: no fast twin). docs/forward-mode.md compares the
+two modes.
 """
 import os
 
@@ -53,6 +66,7 @@ from .kernels import active
 from .tensor import Tensor
 
 _grad_enabled = True
+_forward_tangents = None  # while jvp() runs: {id(tensor): (tensor, its tangent array)}; None otherwise
 
 
 def is_grad_enabled():
@@ -101,6 +115,7 @@ class Context:
         self.input_layouts = ()  # each Tensor input's (shape, dtype) when forward ran (None for other inputs)
         self.saved_tensors = ()
         self.freed = False
+        self.forward_mode = _forward_tangents is not None  # True while jvp() runs: the JVP rules read what forward saves
 
     @property
     def name(self):
@@ -115,7 +130,7 @@ class Context:
         """Keep `arrays` (inputs, views of inputs, or arrays forward made) for backward. Before
         backward runs, the walk checks that no Tensor input sharing memory with one of them has
         changed in place since forward (the versions noted by `apply`)."""
-        if self.requires_grad:
+        if self.requires_grad or self.forward_mode:
             self.saved_tensors = arrays
 
     def _shares_memory_with_saved(self, array):
@@ -151,6 +166,11 @@ class Function:
     def backward(ctx, grad_out):
         raise NotImplementedError
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """The output's tangent from one tangent per positional input (None where it has none)."""
+        raise NotImplementedError
+
     @classmethod
     def apply(cls, *args, **kwargs):
         needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
@@ -173,7 +193,107 @@ class Function:
         result = Tensor._from_array(out, requires_grad)
         if requires_grad:
             result._ctx = ctx
+        if _forward_tangents is not None:
+            _push_tangent(cls, ctx, args, result)
         return result
+
+
+def _push_tangent(function, ctx, args, result):
+    """Forward mode: the output's tangent from the inputs' tangents, by `function.jvp`."""
+    tangents = tuple(_forward_tangents.get(id(a), (None, None))[1] if isinstance(a, Tensor) else None for a in args)
+    if all(t is None for t in tangents):
+        return  # no input moves: neither does the output
+    op = function.__name__
+    if function.jvp is Function.jvp:
+        raise GraphError(
+            f"jvp: {op} has no forward-mode rule (a static method jvp(ctx, *tangents) -> tangent of the output), "
+            "so mt.jvp cannot carry a tangent through it; write one beside its backward"
+        )
+    tangent = function.jvp(ctx, *tangents)
+    if isinstance(tangent, np.generic):
+        tangent = np.asarray(tangent)  # numpy arithmetic on 0-d arrays gives scalars
+    if type(tangent) is not np.ndarray:
+        raise GraphError(f"{op}.jvp returned {describe(tangent)}; expected a numpy array shaped like the output")
+    if tangent.shape != result._data.shape or tangent.dtype != result._data.dtype:
+        raise GraphError(
+            f"{op}.jvp returned a tangent of shape {tangent.shape} and dtype {tangent.dtype} for an output "
+            f"of shape {result.shape} and dtype {result.dtype}"
+        )
+    _forward_tangents[id(result)] = (result, tangent)
+
+
+def add_tangents(shape, *terms):
+    """The sum of the tangent terms that are not None (at least one is), broadcast to `shape`, as a
+    new array of the terms' dtype: an input with no tangent adds nothing to the output's."""
+    present = [term for term in terms if term is not None]
+    total = present[0]
+    for term in present[1:]:
+        total = total + term
+    return np.array(np.broadcast_to(total, shape), dtype=present[0].dtype)
+
+
+def jvp(f, primals, tangents):
+    """Run f(*primals) once in forward mode: (outputs, output_tangents).
+
+    primals: a tuple (or list) of f's arguments, or one Tensor. tangents: one per primal (a Tensor
+    alone when primals is one): a numpy array or Tensor of the primal's shape and float dtype, or
+    None where that argument does not move (and for arguments that are not Tensors).
+    Returns f's output (a Tensor, or a tuple of Tensors) and its tangent J v, the directional
+    derivative d/dt f(primals + t tangents) at t = 0, as a Tensor of the output's shape and dtype
+    (a tuple when f returns one). Every op f runs needs a `jvp` rule; one without raises naming it.
+    """
+    global _forward_tangents
+    if not callable(f):
+        raise InputTypeError(f"jvp: f must be callable (a function of the primals), got {describe(f)}")
+    if _forward_tangents is not None:
+        raise GraphError("jvp: mt.jvp was called inside another mt.jvp; nested forward mode is not supported")
+    single = isinstance(primals, Tensor)
+    if single:
+        primals, tangents = (primals,), (tangents,)
+    elif not isinstance(primals, (tuple, list)):
+        raise InputTypeError(f"jvp: primals must be a Tensor or a tuple of f's arguments, got {describe(primals)}")
+    elif not isinstance(tangents, (tuple, list)):
+        raise InputTypeError(f"jvp: tangents must be a tuple with one entry per primal ({len(primals)}), got {describe(tangents)}")
+    if len(tangents) != len(primals):
+        raise InputError(f"jvp: {len(tangents)} tangents for {len(primals)} primals; give one per primal (None where it does not move)")
+    table = {}
+    for index, (primal, tangent) in enumerate(zip(primals, tangents)):
+        name = "tangents" if single else f"tangents[{index}]"
+        if tangent is None:
+            continue
+        if not isinstance(primal, Tensor):
+            raise InputTypeError(f"jvp: {name} is given for a primal that is not a Tensor ({describe(primal)}); pass None there")
+        if isinstance(tangent, Tensor):
+            tangent = tangent._data
+        if not isinstance(tangent, np.ndarray):
+            raise InputTypeError(f"jvp: {name} must be a numpy array, a Tensor or None, got {describe(tangent)}")
+        if primal.dtype.kind != "f":
+            raise InputTypeError(f"jvp: {name} is given for a primal of dtype {primal.dtype}; only float tensors have tangents (pass None)")
+        if tangent.shape != primal._data.shape or tangent.dtype != primal._data.dtype:
+            raise InputError(
+                f"jvp: {name} has shape {tangent.shape} and dtype {tangent.dtype}, but its primal has shape "
+                f"{primal.shape} and dtype {primal.dtype}; a tangent is a direction in the primal's own space"
+            )
+        if id(primal) in table:
+            raise InputError(f"jvp: primal {index} is the same Tensor as an earlier primal; give each Tensor once")
+        table[id(primal)] = (primal, np.array(tangent, copy=True))
+    _forward_tangents = table
+    try:
+        outputs = f(*primals)
+    finally:
+        _forward_tangents = None
+    many = isinstance(outputs, (tuple, list))
+    output_tangents = []
+    for index, out in enumerate(outputs if many else (outputs,)):
+        if not isinstance(out, Tensor):
+            where = f"output {index}" if many else "its output"
+            raise InputTypeError(f"jvp: f must return a Tensor or a tuple of Tensors, got {describe(out)} as {where}")
+        held = table.get(id(out))
+        tangent = held[1] if held is not None else np.zeros(out._data.shape, dtype=out._data.dtype)
+        output_tangents.append(Tensor._from_array(tangent))
+    if many:
+        return tuple(outputs), tuple(output_tangents)
+    return outputs, output_tangents[0]
 
 
 _process_id = os.getpid()  # the process the ops last ran in

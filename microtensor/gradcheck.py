@@ -17,11 +17,19 @@ its worst element, backward's and the finite differences' values there, the erro
 tolerance, and a hint for the next step. The checker's own frames set `__tracebackhide__`, so that
 under pytest a failure shows the test's line and the report, not this file's source.
 
+Forward mode is checked two ways (`jvpcheck`, `dot_product_check`). Against finite differences:
+the JVP along random tangents v of the inputs, J v, against (f(x + eps v) - f(x - eps v)) / (2 eps),
+the whole output at once. Against backward, by the transpose identity <u, J v> = <Jᵀ u, v> for a
+random u shaped like the output and a random v shaped like each input (the dot-product test): the
+JVP rule and the backward are two independent derivations of the same Jacobian, so agreeing on a
+random pair checks each against the other, with no step size and to ~1e-12 in float64.
+
 Every op registers a case with `@gradcheck_case(TheFunction)`: a function that, given a `draw`
 (random shapes and tensors; the test suite passes one driven by hypothesis), returns the function
 to check and its inputs, and optionally a dict of gradcheck options where a case has a reason to
 change them (written beside the case). `tests/test_gradcheck_cases.py` runs every case and fails if any Function
-in the package has none.
+in the package has none; `tests/test_forward_mode.py` runs the two forward-mode checks on every case
+and fails if any Function has no `jvp`.
 """
 import inspect
 import math
@@ -29,7 +37,7 @@ import os
 
 import numpy as np
 
-from .autograd import Function, is_grad_enabled, topological_order
+from .autograd import Function, is_grad_enabled, jvp, no_grad, topological_order
 from .checks import check_flag, check_int, check_real, describe, float64
 from .errors import InputError, InputTypeError, MicrotensorError
 from .tensor import Tensor
@@ -346,6 +354,153 @@ def _check_options(fn, eps, atol, rtol, seed, max_elements):
     if max_elements is not None:
         max_elements = check_int("gradcheck", "max_elements", max_elements, low=1)
     return eps, atol, rtol, seed, max_elements
+
+
+# --------------------------------------------------------------------------------- forward mode
+
+
+class JvpcheckError(MicrotensorError, AssertionError):
+    """A forward-mode derivative (an op's `jvp`) that disagrees with finite differences or with the
+    op's backward; the message says which, where, and what to read next."""
+
+
+def _forward_mode_inputs(where, fn, inputs):
+    """The indices of the inputs to move (float64 tensors that require grad), checked as gradcheck checks them."""
+    if not callable(fn):
+        raise InputTypeError(f"{where}: fn must be callable (a function of the inputs), got {describe(fn)}")
+    if isinstance(inputs, Tensor) or not hasattr(inputs, "__iter__"):
+        raise InputTypeError(f"{where}: inputs must be a list or tuple of Tensors (and other arguments), got {describe(inputs)}")
+    inputs = tuple(inputs)
+    moved = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+    if not moved:
+        raise InputError(f"{where}: no input has requires_grad=True, so there is no direction to move in")
+    for i in moved:
+        x = inputs[i]
+        if x.dtype != float64:
+            raise InputTypeError(f"{where}: input {i} (shape {x.shape}) is {x.dtype}; the checks need float64 (use x.double())")
+        if not np.all(np.isfinite(x.data)):
+            raise InputError(f"{where}: input {i} (shape {x.shape}) holds values that are not finite")
+    return inputs, moved
+
+
+def _subject(fn, ops):
+    name = {"<lambda>": "a lambda", None: "fn"}.get(_name_of(fn), _name_of(fn))
+    return f"{name} (ops: {' -> '.join(ops) if ops else 'none'})"
+
+
+def _jvp_hint(ops, rule):
+    if len(set(ops)) == 1:
+        return f"f is one op: read {ops[0]}.{rule} (and the derivation in its docstring)."
+    return "f is composite: check each op alone, e.g. mt.jvpcheck(lambda x: F.softmax(x, dim=-1), [x])."
+
+
+def jvpcheck_report(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0):
+    """Forward mode against central finite differences: None when they agree, else the message.
+
+    Draws a random tangent v (seed) for every input that requires grad and compares mt.jvp's J v
+    with (fn(x + eps v) - fn(x - eps v)) / (2 eps), element by element of the output: an element
+    fails when |jvp - numeric| > atol + rtol |numeric|. Inputs as for `gradcheck` (float64)."""
+    __tracebackhide__ = True
+    eps, atol, rtol, seed, _ = _check_options(fn, eps, atol, rtol, seed, None)
+    inputs, moved = _forward_mode_inputs("jvpcheck", fn, inputs)
+    rng = np.random.default_rng(seed)
+    tangents = [rng.standard_normal(x.shape) if i in moved else None for i, x in enumerate(inputs)]
+    out, tangent_out = jvp(fn, inputs, tangents)
+    if not isinstance(out, Tensor) or out.dtype != float64:
+        raise InputTypeError(f"jvpcheck: fn must return one float64 Tensor, got {describe(out)}")
+    originals = [inputs[i].data.copy() for i in moved]
+    try:
+        with no_grad():
+            for i, original in zip(moved, originals):
+                inputs[i].data[...] = original + eps * tangents[i]
+            plus = fn(*inputs).data.copy()
+            for i, original in zip(moved, originals):
+                inputs[i].data[...] = original - eps * tangents[i]
+            minus = fn(*inputs).data.copy()
+    finally:
+        for i, original in zip(moved, originals):
+            inputs[i].data[...] = original
+    difference_quotient = (plus - minus) / (2 * eps)  # (f(x + eps v) - f(x - eps v)) / 2 eps
+    analytic = tangent_out.data
+    with np.errstate(invalid="ignore"):
+        error = np.abs(analytic - difference_quotient)
+        ratio = np.where(np.isfinite(error), error / (atol + rtol * np.abs(difference_quotient)), np.inf)
+    if ratio.size == 0 or np.max(ratio) <= 1:
+        return None
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    ops = _op_names(fn(*inputs)) if is_grad_enabled() else ()
+    element = f"[{', '.join(str(int(j)) for j in worst)}]"
+    return "\n".join([
+        f"jvpcheck failed for {_subject(fn, ops)}",
+        f"  output {out.shape}: {int(np.sum(ratio > 1))} of {ratio.size} elements out of tolerance, the worst {element}:",
+        f"  forward mode (jvp) {float(analytic[worst]):.8g}  vs  numeric (finite differences) {float(difference_quotient[worst]):.8g}",
+        f"  error {float(error[worst]):.3g} > allowed {atol + rtol * abs(float(difference_quotient[worst])):.3g} = atol {atol:g} + rtol {rtol:g} * |numeric|",
+        f"  Both are d/dt f(x + t v) at t = 0, v random tangents (seed {seed}) of inputs {moved}.",
+        f"  Hint: {_jvp_hint(ops, 'jvp')}",
+    ])
+
+
+def dot_product_report(fn, inputs, seed=0, atol=1e-10, rtol=1e-6):
+    """Forward mode against backward by the transpose identity: None when they agree, else the message.
+
+    For a random u shaped like fn's output and, for each input x_i that requires grad, a random v_i
+    shaped like it: <u, J_i v_i> (one mt.jvp with v_i as x_i's tangent) must equal <J_iᵀ u, v_i>
+    (one backward with grad_out = u gives J_iᵀ u in x_i.grad), within atol + rtol times the sum of
+    the absolute terms of both sums (their rounding)."""
+    __tracebackhide__ = True
+    _, atol, rtol, seed, _ = _check_options(fn, 1.0, atol, rtol, seed, None)
+    inputs, moved = _forward_mode_inputs("dot_product_check", fn, inputs)
+    if not is_grad_enabled():
+        raise InputError("dot_product_check: gradients are disabled (inside mt.no_grad()), so there is no backward to compare with")
+    rng = np.random.default_rng(seed)
+    for x in inputs:
+        if isinstance(x, Tensor):
+            x.grad = None
+    out = fn(*inputs)
+    if not isinstance(out, Tensor) or out.dtype != float64:
+        raise InputTypeError(f"dot_product_check: fn must return one float64 Tensor, got {describe(out)}")
+    ops = _op_names(out)
+    u = rng.standard_normal(out.shape)
+    out.backward(u)
+    for i in moved:
+        x = inputs[i]
+        v = rng.standard_normal(x.shape)
+        _, tangent_out = jvp(fn, inputs, [v if j == i else None for j in range(len(inputs))])
+        transposed = x.grad if x.grad is not None else np.zeros(x.shape)
+        forward_side = float(np.sum(u * tangent_out.data))  # <u, J v>
+        backward_side = float(np.sum(transposed * v))  # <Jᵀ u, v>
+        scale = float(np.sum(np.abs(u * tangent_out.data)) + np.sum(np.abs(transposed * v)))
+        allowed = atol + rtol * scale
+        difference = abs(forward_side - backward_side)
+        if not difference <= allowed:  # NaN fails too
+            name = _parameter_name(fn, i, len(inputs))
+            return "\n".join([
+                f"dot-product test failed for {_subject(fn, ops)}, input {i}{f' ({name})' if name else ''} of shape {x.shape}:",
+                f"  <u, J v> from forward mode (jvp) {forward_side:.12g}  vs  <Jᵀ u, v> from backward {backward_side:.12g}",
+                f"  difference {difference:.3g} > allowed {allowed:.3g} = atol {atol:g} + rtol {rtol:g} * {scale:.3g} (the sums' absolute terms)",
+                f"  u random of the output's shape {out.shape}, v random of the input's shape (seed {seed}).",
+                "  Hint: the JVP and the backward disagree, so one of them is wrong: if gradcheck passes, read the",
+                f"  jvp; if jvpcheck passes, read the backward. {_jvp_hint(ops, 'jvp and .backward')}",
+            ])
+    return None
+
+
+def jvpcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, seed=0):
+    """`jvpcheck_report`'s check: True, or raise JvpcheckError with its message."""
+    __tracebackhide__ = True
+    message = jvpcheck_report(fn, inputs, eps=eps, atol=atol, rtol=rtol, seed=seed)
+    if message is not None:
+        raise JvpcheckError(message)
+    return True
+
+
+def dot_product_check(fn, inputs, seed=0, atol=1e-10, rtol=1e-6):
+    """`dot_product_report`'s check: True, or raise JvpcheckError with its message."""
+    __tracebackhide__ = True
+    message = dot_product_report(fn, inputs, seed=seed, atol=atol, rtol=rtol)
+    if message is not None:
+        raise JvpcheckError(message)
+    return True
 
 
 # --------------------------------------------------------------------------------- the registry

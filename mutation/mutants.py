@@ -31,7 +31,48 @@ def gradcheck_cases(kernel_set, case):
     return f'tests/test_gradcheck_cases.py -k "{kernel_set} and {case}"'
 
 
+def forward_mode_cases(kernel_set, case):
+    """The pytest arguments that run the forward-mode checks (finite differences and the dot-product test) of one op."""
+    return f'tests/test_forward_mode.py -k "{kernel_set} and {case}"'
+
+
 MUTANTS = [
+    # ----------------------------------------------------------------------------- forward-mode (JVP) rules
+    Mutant(
+        "layer_norm.jvp_dropped_term", "microtensor/ops/layer_norm.py",
+        "tangent_xhat = rstd[:, None] * (t - t.mean(axis=1, keepdims=True) - xhat * (xhat * t).mean(axis=1, keepdims=True))",
+        "tangent_xhat = rstd[:, None] * (t - t.mean(axis=1, keepdims=True))",
+        forward_mode_cases("readable", "LayerNorm"),
+        why="LayerNorm's JVP forgets that rstd moves with x: the - xhat mean(xhat t) term",
+    ),
+    Mutant(
+        "softmax.jvp_dropped_term", "microtensor/ops/softmax.py",
+        "tangent_rows = out_rows * (t - np.sum(out_rows * t, axis=1, keepdims=True))  # y (t - <y, t>)",
+        "tangent_rows = out_rows * t  # y (t - <y, t>)",
+        forward_mode_cases("readable", "Softmax-softmax"),
+        why="softmax's JVP keeps only the Jacobian's diagonal, diag(y) t",
+    ),
+    Mutant(
+        "div.jvp_sign", "microtensor/ops/elementwise.py",
+        "None if tangent_b is None else -tangent_b * y / b,",
+        "None if tangent_b is None else tangent_b * y / b,",
+        forward_mode_cases("readable", "Div"),
+        why="the quotient rule's minus sign lost in the divisor's tangent",
+    ),
+    Mutant(
+        "attention.jvp_softmax_centering", "microtensor/ops/attention.py",
+        "d_probs = probs * (d_scores - np.sum(probs * d_scores, axis=-1, keepdims=True))  # (B, H, Tq, Tk)",
+        "d_probs = probs * d_scores  # (B, H, Tq, Tk)",
+        forward_mode_cases("readable", "ScaledDotProductAttention"),
+        why="attention's JVP passes the scores' tangent through the softmax without subtracting <P, dS>",
+    ),
+    Mutant(
+        "gradcheck.jvp_difference_quotient_sign", "microtensor/gradcheck.py",
+        "difference_quotient = (plus - minus) / (2 * eps)",
+        "difference_quotient = (minus - plus) / (2 * eps)",
+        forward_mode_cases("readable", "Exp"),
+        why="jvpcheck's finite differences step the wrong way: every right JVP would read as wrong",
+    ),
     # ----------------------------------------------------------------------------- readable kernels
     Mutant(
         "softmax.backward.readable", "microtensor/ops/softmax.py",

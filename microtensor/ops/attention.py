@@ -62,6 +62,17 @@ the backward of a repeat sums the copies' gradients.) The backward kernel runs i
 (b, g), not over (b, h): the G heads of one group add into the same dK_g and dV_g, so one thread
 loops over them and no two threads ever write the same numbers.
 
+Forward mode (JVP), from tangents tq, tK, tV, one step of the forward at a time, first step first
+(the chain rule in the order forward runs):
+
+    S = q Kᵀ / √D    ->   dS = (tq Kᵀ + q tKᵀ) / √D                     (Tq, Tk)
+    P = softmax(S)   ->   dP_ij = P_ij (dS_ij - sum_j' P_ij' dS_ij')     (Tq, Tk)   (softmax's JVP)
+    O = P V          ->   dO = dP V + P tV                               (Tq, D)
+
+Grouped heads need no sum here: each query head reads its group's tK and tV, as forward reads K
+and V. `attention_jvp` computes it with numpy from the saved P (ALiBi and the mask reach it only
+through P, masked P_ij being 0).
+
 Masked entries have P_ij = 0, so dS_ij = 0 there and they add nothing to dV: the kernels skip them
 instead of computing and discarding. The forward saves P (B, H, Tq, Tk) for backward rather than
 recomputing it from the scores (one array kept instead of a second pass of exponentials). Under
@@ -139,6 +150,43 @@ def attention_reference(q, k, v, causal=True, alibi_slopes=None):
     p = np.exp(scores)
     p = p / p.sum(axis=-1, keepdims=True)
     return p @ v
+
+
+def attention_probabilities(q, k, slopes, causal):
+    """P (B, H, Tq, Tk) with numpy, for q (B, H, Tq, D), k (B, Hk, Tk, D), slopes (H,) (the forward
+    mode of the ops that save no P recomputes it here)."""
+    (B, H, Tq, D), (Hk, Tk) = q.shape, k.shape[1:3]
+    if q.size == 0 or k.size == 0:
+        return np.zeros((B, H, Tq, Tk), dtype=q.dtype)
+    k = np.repeat(k, H // Hk, axis=1)  # (B, H, Tk, D)
+    scores = q @ np.swapaxes(k, -1, -2) * q.dtype.type(1 / math.sqrt(D))  # (B, H, Tq, Tk)
+    distance = np.abs((Tk - Tq + np.arange(Tq))[:, None] - np.arange(Tk)[None, :])  # (Tq, Tk)
+    scores = scores - slopes[:, None, None] * distance.astype(q.dtype)
+    if causal:
+        visible = np.arange(Tk)[None, :] <= (Tk - Tq + np.arange(Tq))[:, None]  # (Tq, Tk)
+        scores = np.where(visible, scores, q.dtype.type(-np.inf))
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def attention_jvp(q, k, v, probs, scale, tangent_q, tangent_k, tangent_v):
+    """dO (B, H, Tq, D) from the tangents of q (B, H, Tq, D), k and v (B, Hk, Tk, D) (any may be
+    None) and the probabilities P (B, H, Tq, Tk): the module docstring's forward mode, with numpy."""
+    dtype = next(t.dtype for t in (tangent_q, tangent_k, tangent_v) if t is not None)
+    if q.size == 0 or probs.size == 0:
+        return np.zeros(q.shape, dtype=dtype)
+    group = q.shape[1] // k.shape[1]
+    keys, values = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, H, Tk, D)
+    d_scores = np.zeros(probs.shape, dtype=dtype)  # (B, H, Tq, Tk)
+    if tangent_q is not None:
+        d_scores += tangent_q @ np.swapaxes(keys, -1, -2) * scale
+    if tangent_k is not None:
+        d_scores += q @ np.swapaxes(np.repeat(tangent_k, group, axis=1), -1, -2) * scale
+    d_probs = probs * (d_scores - np.sum(probs * d_scores, axis=-1, keepdims=True))  # (B, H, Tq, Tk)
+    d_out = d_probs @ values  # (B, H, Tq, D)
+    if tangent_v is not None:
+        d_out += probs @ np.repeat(tangent_v, group, axis=1)
+    return d_out
 
 
 # --------------------------------------------------------------------------------- readable kernels
@@ -234,6 +282,8 @@ def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, 
 
 
 class ScaledDotProductAttention(Function):
+    """O = softmax(q Kᵀ / √D - bias, masked) V.   Backward and forward mode (JVP): the module docstring."""
+
     @staticmethod
     def forward(ctx, q, k, v, causal, slopes):
         B, H, Tq, D = q.shape
@@ -253,6 +303,11 @@ class ScaledDotProductAttention(Function):
         active(attention_backward)(grad_out, q, k, v, probs, ctx.scale, ctx.causal, grad_q, grad_k, grad_v)
         return grad_q, grad_k, grad_v, None, None
 
+    @staticmethod
+    def jvp(ctx, tangent_q, tangent_k, tangent_v, _causal, _slopes):
+        q, k, v, probs = ctx.saved_tensors
+        return attention_jvp(q, k, v, probs, ctx.scale, tangent_q, tangent_k, tangent_v)
+
 
 def split_heads(qkv, n_head, n_kv_head):
     """q (B, H, T, D), k and v (B, Hk, T, D): views of qkv (B, T, (H + 2 Hk) D), whose last dim
@@ -264,6 +319,10 @@ def split_heads(qkv, n_head, n_kv_head):
 
 
 class MultiHeadAttention(Function):
+    """split_heads(qkv), attention, heads merged.   JVP: the tangent of qkv split the same way, attention's
+    JVP (the module docstring), the heads' tangents merged the same way.
+    """
+
     @staticmethod
     def forward(ctx, qkv, n_head, n_kv_head, causal, slopes):
         B, T, _ = qkv.shape
@@ -291,6 +350,14 @@ class MultiHeadAttention(Function):
             grad_heads, heads[0], heads[1], heads[2], probs, ctx.scale, ctx.causal, grad_parts[0], grad_parts[1], grad_parts[2]
         )
         return grad_qkv, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent_qkv, *_):
+        qkv, probs = ctx.saved_tensors
+        B, T, _ = qkv.shape
+        q, k, v = split_heads(qkv, ctx.n_head, ctx.n_kv_head)
+        tangent_heads = attention_jvp(q, k, v, probs, ctx.scale, *split_heads(tangent_qkv, ctx.n_head, ctx.n_kv_head))  # (B, H, T, D)
+        return np.ascontiguousarray(tangent_heads.transpose(0, 2, 1, 3)).reshape(B, T, q.shape[1] * q.shape[3])  # (B, T, H D)
 
 
 # --------------------------------------------------------------------------------- the public functions

@@ -27,6 +27,11 @@ so, with the upstream gradient g (a scalar, since L is):
 
 Each gradient row sums to 0 (the probabilities sum to 1, the one-hot to 1).
 
+Forward mode (JVP). Along a tangent t (N, V) of the logits, L moves by the same derivatives summed
+against t instead of multiplied by g:
+
+    dL = (1 / N_valid) sum_{n valid} (<p_n, t_n> - t_n,t_n)                        ()
+
 What forward saves for backward: the exponentials e_n,v = e^{x_n,v - m_n} (N, V) and 1/s_n per row
 (0 for ignored rows), so that p_n,v = e_n,v / s_n. Backward makes one pass anyway, to multiply by
 g / N_valid; it multiplies by (g / N_valid) / s_n instead, and forward skips the pass that would
@@ -136,7 +141,10 @@ def cross_entropy_backward(exps, inverse_total, targets, ignore_index, scale, gr
 
 
 class CrossEntropy(Function):
-    """L = mean over valid rows of (lse_n - x_n,t_n).   dL/dx_n = g / N_valid * (softmax(x_n) - onehot(t_n))."""
+    """L = mean over valid rows of (lse_n - x_n,t_n).   dL/dx_n = g / N_valid * (softmax(x_n) - onehot(t_n)).
+
+    JVP: dL = mean over valid rows of <softmax(x_n), t_n> - t_n,t_n.
+    """
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, valid_count):
@@ -160,6 +168,16 @@ class CrossEntropy(Function):
         grad_logits = np.empty_like(exps)  # (N, V)
         active(cross_entropy_backward)(exps, inverse_total, targets, ctx.ignore_index, scale, grad_logits)
         return grad_logits.reshape(ctx.shape), None, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent, _targets, _ignore_index, _valid_count):
+        exps, inverse_total, targets = ctx.saved_tensors
+        t = tangent.reshape(exps.shape)  # (N, V)
+        probs = exps * inverse_total[:, None]  # (N, V), rows of zeros where the target is ignored
+        valid = targets != ctx.ignore_index  # (N,)
+        picked = np.take_along_axis(t, np.where(valid, targets, 0)[:, None], axis=1)[:, 0]  # t_n,t_n (N,)
+        rows = np.sum(probs * t, axis=1) - np.where(valid, picked, tangent.dtype.type(0))  # (N,)
+        return np.asarray(rows.sum() / tangent.dtype.type(ctx.valid_count), dtype=tangent.dtype)
 
 
 def cross_entropy(logits, targets, ignore_index=-100):

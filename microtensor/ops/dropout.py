@@ -5,6 +5,7 @@ rescaling.
     y = x * mask / (1 - p),   mask_i ~ Bernoulli(1 - p)          (training)
     y = x                                                        (evaluation, or p = 0)
     dL/dx = g * mask / (1 - p)                                   (the same mask)
+    dy = t * mask / (1 - p)                                      (forward mode, tangent t of x)
 
 The mask is drawn from a numpy Generator: the `generator` argument, else the global one that
 `microtensor.manual_seed` seeds. It is saved (as the scaled mask) for backward.
@@ -19,6 +20,8 @@ from ..random import get_generator
 
 
 class Dropout(Function):
+    """y = x * mask / (1 - p).   JVP: dy = t * mask / (1 - p), the same mask."""
+
     @staticmethod
     def forward(ctx, x, p, generator):
         keep = generator.random(x.shape, dtype=x.dtype if x.dtype == np.float32 else np.float64) >= p
@@ -30,6 +33,11 @@ class Dropout(Function):
     def backward(ctx, grad_out):
         (scaled_mask,) = ctx.saved_tensors
         return grad_out * scaled_mask, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent, _p, _generator):
+        (scaled_mask,) = ctx.saved_tensors
+        return tangent * scaled_mask
 
 
 def dropout(x, p=0.5, training=True, generator=None):

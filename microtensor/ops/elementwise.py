@@ -3,6 +3,9 @@
 Each output element depends on the input elements at the same position only, so every Jacobian is
 diagonal and backward is an elementwise product: for y = f(x), dL/dx = dL/dy * f'(x).
 
+Forward mode is the same diagonal read the other way: dy = f'(x) * t for a tangent t of x, the
+directional derivative (a diagonal Jacobian is its own transpose, so JVP and VJP share the factor).
+
 Binary ops follow numpy broadcasting (x (3, 1) + y (4,) gives (3, 4)); their backward sums each
 gradient back down to its input's shape with `unbroadcast`. Python numbers take the tensor's dtype;
 two tensors of different dtypes are an error, never a silent cast. These ops are one numpy call each
@@ -10,7 +13,7 @@ two tensors of different dtypes are an error, never a silent cast. These ops are
 """
 import numpy as np
 
-from ..autograd import Function, unbroadcast
+from ..autograd import Function, add_tangents, unbroadcast
 from ..checks import as_dtype, broadcast_shape, check_float, describe
 from ..errors import InputTypeError
 from ..gradcheck import gradcheck_case
@@ -37,7 +40,10 @@ def _unary(op, function, x):
 
 
 class Add(Function):
-    """y = a + b.   dL/da = unbroadcast(g),  dL/db = unbroadcast(g)."""
+    """y = a + b.   dL/da = unbroadcast(g),  dL/db = unbroadcast(g).
+
+    JVP: dy = ta + tb, each broadcast to y's shape (the directional derivative of a sum).
+    """
 
     @staticmethod
     def forward(ctx, a, b):
@@ -49,9 +55,16 @@ class Add(Function):
         a_shape, b_shape = ctx.shapes
         return unbroadcast(grad_out, a_shape), unbroadcast(grad_out, b_shape)
 
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        return add_tangents(np.broadcast_shapes(*ctx.shapes), tangent_a, tangent_b)
+
 
 class Sub(Function):
-    """y = a - b.   dL/da = unbroadcast(g),  dL/db = -unbroadcast(g)."""
+    """y = a - b.   dL/da = unbroadcast(g),  dL/db = -unbroadcast(g).
+
+    JVP: dy = ta - tb, each broadcast to y's shape.
+    """
 
     @staticmethod
     def forward(ctx, a, b):
@@ -63,9 +76,16 @@ class Sub(Function):
         a_shape, b_shape = ctx.shapes
         return unbroadcast(grad_out, a_shape), -unbroadcast(grad_out, b_shape)
 
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        return add_tangents(np.broadcast_shapes(*ctx.shapes), tangent_a, None if tangent_b is None else -tangent_b)
+
 
 class Mul(Function):
-    """y = a * b.   dL/da = unbroadcast(g * b),  dL/db = unbroadcast(g * a)."""
+    """y = a * b.   dL/da = unbroadcast(g * b),  dL/db = unbroadcast(g * a).
+
+    JVP (the product rule): dy = ta * b + a * tb, broadcast to y's shape.
+    """
 
     @staticmethod
     def forward(ctx, a, b):
@@ -79,9 +99,21 @@ class Mul(Function):
         grad_b = unbroadcast(grad_out * a, b.shape) if ctx.needs_input_grad[1] else None
         return grad_a, grad_b
 
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        a, b = ctx.saved_tensors
+        return add_tangents(
+            np.broadcast_shapes(a.shape, b.shape),
+            None if tangent_a is None else tangent_a * b,
+            None if tangent_b is None else a * tangent_b,
+        )
+
 
 class Div(Function):
-    """y = a / b.   dL/da = unbroadcast(g / b),  dL/db = unbroadcast(-g * a / b^2) = unbroadcast(-g * y / b)."""
+    """y = a / b.   dL/da = unbroadcast(g / b),  dL/db = unbroadcast(-g * a / b^2) = unbroadcast(-g * y / b).
+
+    JVP (the quotient rule): dy = ta / b - tb * a / b^2 = ta / b - tb * y / b.
+    """
 
     @staticmethod
     def forward(ctx, a, b):
@@ -96,9 +128,21 @@ class Div(Function):
         grad_b = unbroadcast(-grad_out * y / b, b.shape) if ctx.needs_input_grad[1] else None
         return grad_a, grad_b
 
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        a, b, y = ctx.saved_tensors
+        return add_tangents(
+            y.shape,
+            None if tangent_a is None else tangent_a / b,
+            None if tangent_b is None else -tangent_b * y / b,
+        )
+
 
 class Neg(Function):
-    """y = -x.   dL/dx = -g."""
+    """y = -x.   dL/dx = -g.
+
+    JVP: dy = -t.
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -107,6 +151,10 @@ class Neg(Function):
     @staticmethod
     def backward(ctx, grad_out):
         return -grad_out
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        return -tangent
 
 
 class Pow(Function):
@@ -119,6 +167,9 @@ class Pow(Function):
     - b = 0: y = a^0 = 1 whatever a is, so dy/da = 0 (at a = 0 the formula gives 0 * 0^-1 = 0 * inf);
     - a = 0 with b >= 0: y = 0^b is 0 (or 1 at b = 0) for every b nearby on that side, so dy/db is
       taken as 0, as PyTorch does (the formula gives y * ln 0 = 0 * -inf).
+
+    JVP: dy = b a^(b-1) ta + y ln(a) tb, with the same two points taken as 0; both terms are
+    the partial derivatives backward multiplies g by, here multiplied by the tangents instead.
     """
 
     @staticmethod
@@ -141,9 +192,21 @@ class Pow(Function):
                 grad_b = unbroadcast(grad_out * dy_db, b.shape)
         return grad_a, grad_b
 
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        a, b, y = ctx.saved_tensors
+        zero = y.dtype.type(0)
+        with np.errstate(divide="ignore", invalid="ignore"):  # the 0 * inf points, replaced as in backward
+            term_a = None if tangent_a is None else np.where(b == 0, zero, b * a ** (b - 1)) * tangent_a
+            term_b = None if tangent_b is None else np.where((a == 0) & (b >= 0), zero, y * np.log(a)) * tangent_b
+        return add_tangents(y.shape, term_a, term_b)
+
 
 class Exp(Function):
-    """y = e^x.   dL/dx = g * y."""
+    """y = e^x.   dL/dx = g * y.
+
+    JVP: dy = t * y.
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -156,9 +219,17 @@ class Exp(Function):
         (y,) = ctx.saved_tensors
         return grad_out * y
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        (y,) = ctx.saved_tensors
+        return tangent * y
+
 
 class Log(Function):
-    """y = ln x.   dL/dx = g / x."""
+    """y = ln x.   dL/dx = g / x.
+
+    JVP: dy = t / x.
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -170,9 +241,17 @@ class Log(Function):
         (x,) = ctx.saved_tensors
         return grad_out / x
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        (x,) = ctx.saved_tensors
+        return tangent / x
+
 
 class Sqrt(Function):
-    """y = sqrt(x).   dL/dx = g / (2 y)."""
+    """y = sqrt(x).   dL/dx = g / (2 y).
+
+    JVP: dy = t / (2 y).
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -185,9 +264,17 @@ class Sqrt(Function):
         (y,) = ctx.saved_tensors
         return grad_out / (2 * y)
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        (y,) = ctx.saved_tensors
+        return tangent / (2 * y)
+
 
 class Tanh(Function):
-    """y = tanh x.   dL/dx = g * (1 - y^2)."""
+    """y = tanh x.   dL/dx = g * (1 - y^2).
+
+    JVP: dy = t * (1 - y^2).
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -200,9 +287,17 @@ class Tanh(Function):
         (y,) = ctx.saved_tensors
         return grad_out * (1 - y * y)
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        (y,) = ctx.saved_tensors
+        return tangent * (1 - y * y)
+
 
 class Relu(Function):
-    """y = max(x, 0).   dL/dx = g where x > 0, else 0 (the kink at 0 gets 0, as in PyTorch)."""
+    """y = max(x, 0).   dL/dx = g where x > 0, else 0 (the kink at 0 gets 0, as in PyTorch).
+
+    JVP: dy = t where x > 0, else 0 (the same choice at the kink).
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -214,11 +309,18 @@ class Relu(Function):
         (x,) = ctx.saved_tensors
         return np.where(x > 0, grad_out, 0).astype(grad_out.dtype, copy=False)
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        (x,) = ctx.saved_tensors
+        return np.where(x > 0, tangent, tangent.dtype.type(0))
+
 
 class Sigmoid(Function):
     """y = 1 / (1 + e^-x).   dL/dx = g * y * (1 - y).
 
     Computed as e^x / (1 + e^x) for x < 0 so that e^-x never overflows.
+
+    JVP: dy = t * y * (1 - y).
     """
 
     @staticmethod
@@ -233,9 +335,17 @@ class Sigmoid(Function):
         (y,) = ctx.saved_tensors
         return grad_out * y * (1 - y)
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        (y,) = ctx.saved_tensors
+        return tangent * y * (1 - y)
+
 
 class Cast(Function):
-    """y = x converted to another float dtype.   dL/dx = g converted back to x's dtype."""
+    """y = x converted to another float dtype.   dL/dx = g converted back to x's dtype.
+
+    JVP: dy = t converted to y's dtype.
+    """
 
     @staticmethod
     def forward(ctx, x, dtype):
@@ -245,6 +355,10 @@ class Cast(Function):
     @staticmethod
     def backward(ctx, grad_out):
         return grad_out.astype(ctx.input_dtype), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _dtype):
+        return tangent.astype(ctx.inputs[1])  # the tangent moves into y's dtype, as the values do
 
 
 def add(a, b):

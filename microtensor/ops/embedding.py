@@ -60,6 +60,12 @@ def embedding_backward(grad_out, ids, grad_weight):
 
 
 class Embedding(Function):
+    """y[n] = weight[ids[n]].   dL/dweight = the scatter-add of g into the rows ids picked.
+
+    JVP: dy[n] = tw[ids[n]], ids.shape + (C,): the rows of the weight's tangent that forward picks
+    (ids are integers and have no tangent).
+    """
+
     @staticmethod
     def forward(ctx, ids, weight):
         flat_ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)  # (N,), no copy for int64 ids
@@ -77,6 +83,11 @@ class Embedding(Function):
         grad_weight = np.empty(ctx.weight_shape, dtype=grad_out.dtype)  # (V, C)
         active(embedding_backward)(g, flat_ids, grad_weight)
         return None, grad_weight
+
+    @staticmethod
+    def jvp(ctx, _ids, tangent_weight):
+        (flat_ids,) = ctx.saved_tensors
+        return tangent_weight[flat_ids].reshape(ctx.inputs[0].shape + (ctx.weight_shape[1],))
 
 
 def embedding(ids, weight):

@@ -110,6 +110,11 @@ def gelu_erf_backward(grad_out, x, grad_x):
 # --------------------------------------------------------------------------------- the op
 
 class GELU(Function):
+    """y = gelu(x), elementwise.   dL/dx = g * dy/dx, with dy/dx derived in the module docstring.
+
+    JVP: dy = dy/dx * t, the same derivative (the Jacobian is diagonal), computed with numpy.
+    """
+
     @staticmethod
     def forward(ctx, x, approximate):
         flat = np.ascontiguousarray(x).reshape(-1)  # (N,)
@@ -132,6 +137,18 @@ class GELU(Function):
         else:
             active(gelu_erf_backward)(g, flat, grad_x)
         return grad_x.reshape(ctx.shape), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _approximate):
+        (flat,) = ctx.saved_tensors
+        x = flat.reshape(ctx.shape)
+        if ctx.approximate == "tanh":
+            tanh_u = np.tanh(SQRT_2_OVER_PI * (x + CUBIC * x**3))
+            dy_dx = 0.5 * (1 + tanh_u) + 0.5 * x * (1 - tanh_u**2) * SQRT_2_OVER_PI * (1 + 3 * CUBIC * x**2)
+        else:
+            cdf = 0.5 * (1 + np.vectorize(math.erf)(x * INV_SQRT_2))  # Φ(x)
+            dy_dx = cdf + x * INV_SQRT_2PI * np.exp(-0.5 * x * x)  # Φ(x) + x φ(x)
+        return (tangent * dy_dx).astype(tangent.dtype)
 
 
 def gelu(x, approximate="tanh"):

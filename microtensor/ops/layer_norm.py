@@ -25,6 +25,14 @@ and dL/dx_j = sum_i d_i dxhat_i/dx_j = rstd (d_j - mean_i(d_i) - xhat_j mean_i(d
 Two row means and one elementwise pass: the forward saves mean and rstd per row (N,) so that
 backward rebuilds xhat instead of storing it.
 
+Forward mode (JVP). Along tangents tx (C,), tw (C,), tb (C,) of x, w, b, the same Jacobian of xhat
+is applied from the other side, to a column instead of a row:
+
+    dxhat_i = sum_j dxhat_i/dx_j tx_j = rstd (tx_i - mean_j(tx_j) - xhat_i mean_j(xhat_j tx_j))
+    dy_i    = dxhat_i w_i + xhat_i tw_i + tb_i                                    (C,)
+
+(the Jacobian of xhat is symmetric, so the JVP has the backward's form with d replaced by tx).
+
 The kernels loop over the rows one after another with a plain `range` (the weight and bias
 gradients must: every row adds into the same C sums). The fast set compiles these same loops with
 other flags (microtensor/fast/layer_norm.py).
@@ -108,6 +116,8 @@ def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
 
 
 class LayerNorm(Function):
+    """y = layer_norm(x) * w + b over the last dim.   Backward and forward mode (JVP): the module docstring."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         C = x.shape[-1]
@@ -143,6 +153,24 @@ class LayerNorm(Function):
             grad_b if ctx.needs_input_grad[2] else None,
             None,
         )
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_weight, tangent_bias, _eps):
+        rows, w, mean, rstd = ctx.saved_tensors
+        dtype = next(t.dtype for t in (tangent_x, tangent_weight, tangent_bias) if t is not None)
+        if rows.size == 0:
+            return np.zeros(ctx.shape, dtype=dtype)
+        xhat = (rows - mean[:, None]) * rstd[:, None]  # (N, C)
+        tangent_y = np.zeros(rows.shape, dtype=dtype)  # (N, C)
+        if tangent_x is not None:
+            t = tangent_x.reshape(rows.shape)  # (N, C)
+            tangent_xhat = rstd[:, None] * (t - t.mean(axis=1, keepdims=True) - xhat * (xhat * t).mean(axis=1, keepdims=True))
+            tangent_y += tangent_xhat * w
+        if tangent_weight is not None:
+            tangent_y += xhat * tangent_weight
+        if tangent_bias is not None:
+            tangent_y += tangent_bias
+        return tangent_y.reshape(ctx.shape)
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):

@@ -37,7 +37,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ..autograd import Function, unbroadcast
+from ..autograd import Function, add_tangents, unbroadcast
 from ..checks import broadcast_shape, check_float, describe
 from ..errors import InputError, InputTypeError
 from ..gradcheck import gradcheck_case
@@ -109,6 +109,11 @@ def _stack(x, batch):
 
 
 class MatMul(Function):
+    """c = a @ b.   dL/da = g bᵀ, dL/db = aᵀ g (summed over broadcast batch dims).
+
+    JVP (the product rule, a product being bilinear): dc = ta @ b + a @ tb, (..., n, m).
+    """
+
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
@@ -155,6 +160,16 @@ class MatMul(Function):
         grad_a = unbroadcast(grad_a.reshape(batch + (n, k)), a.shape) if need_a else None
         grad_b = unbroadcast(grad_b.reshape(batch + (k, m)), b.shape) if need_b else None
         return grad_a, grad_b
+
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        a, b = ctx.saved_tensors
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        return add_tangents(
+            shape,
+            None if tangent_a is None else np.matmul(tangent_a, b),  # (..., n, k) @ (..., k, m)
+            None if tangent_b is None else np.matmul(a, tangent_b),
+        )
 
 
 def matmul(a, b):

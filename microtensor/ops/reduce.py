@@ -7,6 +7,9 @@ Backward sends each output's gradient back to the input elements it was made fro
     mean:  y = (1/n) sum_i x_i       dL/dx_i = g / n
     max:   y = max_i x_i             dL/dx_i = g / k if x_i is one of the k elements equal to the max, else 0
 
+Forward mode reads the same Jacobians along a tangent t of x: dy = sum of t, mean of t, and for max
+the mean of t over the elements equal to the max (the same 1/k per tie).
+
 (`max` splits the gradient evenly between ties, like `torch.amax`; it returns values only: use
 `argmax` for the indices.) A NaN is the max of every group that holds one, as in numpy and
 PyTorch: the max is NaN and the NaN elements take the gradient (split evenly if there are several).
@@ -45,6 +48,8 @@ def _expand_to_input(grad_out, axes, keepdim, shape):
 
 
 class Sum(Function):
+    """y = sum of x over axes.   JVP: dy = sum of t over the same axes (a sum is linear)."""
+
     @staticmethod
     def forward(ctx, x, axes, keepdim):
         ctx.axes, ctx.keepdim, ctx.shape = axes, keepdim, x.shape
@@ -54,8 +59,14 @@ class Sum(Function):
     def backward(ctx, grad_out):
         return _expand_to_input(grad_out, ctx.axes, ctx.keepdim, ctx.shape), None, None
 
+    @staticmethod
+    def jvp(ctx, tangent, _axes, _keepdim):
+        return np.sum(tangent, axis=ctx.axes, keepdims=ctx.keepdim)
+
 
 class Mean(Function):
+    """y = mean of x over axes.   JVP: dy = mean of t over the same axes (linear too)."""
+
     @staticmethod
     def forward(ctx, x, axes, keepdim):
         ctx.axes, ctx.keepdim, ctx.shape = axes, keepdim, x.shape
@@ -69,8 +80,17 @@ class Mean(Function):
         grad = grad_out / grad_out.dtype.type(ctx.count)
         return _expand_to_input(grad, ctx.axes, ctx.keepdim, ctx.shape), None, None
 
+    @staticmethod
+    def jvp(ctx, tangent, _axes, _keepdim):
+        total = np.sum(tangent, axis=ctx.axes, keepdims=ctx.keepdim)
+        return total / tangent.dtype.type(ctx.count) if ctx.count else total
+
 
 class Max(Function):
+    """y = max of x over axes.   JVP: dy = the mean of t over the k elements equal to the max: the row
+    of the Jacobian that backward's even split uses (1/k at each tie, 0 elsewhere), times t.
+    """
+
     @staticmethod
     def forward(ctx, x, axes, keepdim):
         if x.size == 0:  # an empty result (the wrapper refuses an empty max with a non-empty result)
@@ -90,6 +110,17 @@ class Max(Function):
         ties = np.sum(is_max, axis=ctx.axes, keepdims=True)
         grad = grad_out if ctx.keepdim else np.expand_dims(grad_out, ctx.axes)
         return np.where(is_max, grad / ties.astype(x.dtype), x.dtype.type(0)), None, None
+
+    @staticmethod
+    def jvp(ctx, tangent, _axes, _keepdim):
+        x, y = ctx.saved_tensors
+        if x.size == 0:
+            tangent_y = np.zeros(y.shape, dtype=x.dtype)
+        else:
+            is_max = x == y  # (x.shape)
+            ties = np.sum(is_max, axis=ctx.axes, keepdims=True)
+            tangent_y = np.sum(np.where(is_max, tangent, x.dtype.type(0)), axis=ctx.axes, keepdims=True) / ties.astype(x.dtype)
+        return tangent_y if ctx.keepdim else np.squeeze(tangent_y, axis=ctx.axes)
 
 
 def _reduce(op, function, x, dim, keepdim):

@@ -13,12 +13,16 @@ every output gradient back to the element it was copied from:
     masked_fill  y = value where mask else x          dL/dx = g where not mask, else 0
     where     y = a where cond else b                 dL/da = g where cond, dL/db = g where not cond
                                                       (each unbroadcast to its input's shape)
+
+Forward mode moves tangents exactly as forward moves values: a tangent t of x gives the output's
+tangent by the same reshape, permute, index, concat, stack or selection (zero where a constant was
+written), which is why each JVP below is forward's own line with t in place of x.
 """
 import math
 
 import numpy as np
 
-from ..autograd import Function, unbroadcast
+from ..autograd import Function, add_tangents, unbroadcast
 from ..checks import broadcast_shape, check_float, check_tensor, describe, is_real_number, normalize_dim
 from ..errors import InputError, InputIndexError, InputTypeError
 from ..gradcheck import gradcheck_case
@@ -26,6 +30,8 @@ from ..tensor import Tensor, as_tensor
 
 
 class Reshape(Function):
+    """y = x with another shape.   JVP: dy = t with that shape."""
+
     @staticmethod
     def forward(ctx, x, shape):
         ctx.input_shape = x.shape
@@ -35,8 +41,14 @@ class Reshape(Function):
     def backward(ctx, grad_out):
         return grad_out.reshape(ctx.input_shape), None
 
+    @staticmethod
+    def jvp(ctx, tangent, _shape):
+        return tangent.reshape(ctx.inputs[1])  # the shape forward was given
+
 
 class Permute(Function):
+    """y = x with dims reordered.   JVP: dy = t with the same dims reordered."""
+
     @staticmethod
     def forward(ctx, x, dims):
         ctx.dims = dims
@@ -45,6 +57,10 @@ class Permute(Function):
     @staticmethod
     def backward(ctx, grad_out):
         return np.transpose(grad_out, np.argsort(ctx.dims)), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _dims):
+        return np.transpose(tangent, ctx.dims)
 
 
 def _is_basic_index(index):
@@ -55,6 +71,8 @@ def _is_basic_index(index):
 
 
 class GetItem(Function):
+    """y = x[index].   JVP: dy = t[index] (a copy moves with what it copies)."""
+
     @staticmethod
     def forward(ctx, x, index):
         ctx.index, ctx.input_shape = index, x.shape
@@ -69,8 +87,14 @@ class GetItem(Function):
             np.add.at(grad, ctx.index, grad_out)  # repeated indices accumulate
         return grad, None
 
+    @staticmethod
+    def jvp(ctx, tangent, _index):
+        return tangent[ctx.index]
+
 
 class Concat(Function):
+    """y = the inputs joined along dim.   JVP: dy = their tangents joined along dim (zeros for an input without one)."""
+
     @staticmethod
     def forward(ctx, *arrays, dim):
         ctx.dim = dim
@@ -81,8 +105,16 @@ class Concat(Function):
     def backward(ctx, grad_out):
         return tuple(np.split(grad_out, ctx.boundaries, axis=ctx.dim))
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        dtype = next(t.dtype for t in tangents if t is not None)
+        parts = [np.zeros(x.shape, dtype=dtype) if t is None else t for x, t in zip(ctx.inputs, tangents)]
+        return np.concatenate(parts, axis=ctx.dim)
+
 
 class Stack(Function):
+    """y = the inputs stacked along a new dim.   JVP: dy = their tangents stacked likewise."""
+
     @staticmethod
     def forward(ctx, *arrays, dim):
         ctx.dim = dim
@@ -92,8 +124,16 @@ class Stack(Function):
     def backward(ctx, grad_out):
         return tuple(np.moveaxis(grad_out, ctx.dim, 0))
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        dtype = next(t.dtype for t in tangents if t is not None)
+        parts = [np.zeros(x.shape, dtype=dtype) if t is None else t for x, t in zip(ctx.inputs, tangents)]
+        return np.stack(parts, axis=ctx.dim)
+
 
 class MaskedFill(Function):
+    """y = value where mask else x.   JVP: dy = 0 where mask (a constant does not move), else t."""
+
     @staticmethod
     def forward(ctx, x, mask, value):
         ctx.save_for_backward(mask)
@@ -104,8 +144,15 @@ class MaskedFill(Function):
         (mask,) = ctx.saved_tensors
         return np.where(mask, grad_out.dtype.type(0), grad_out), None, None
 
+    @staticmethod
+    def jvp(ctx, tangent, _mask, _value):
+        (mask,) = ctx.saved_tensors
+        return np.where(mask, tangent.dtype.type(0), tangent)
+
 
 class Where(Function):
+    """y = a where condition else b.   JVP: dy = ta where condition, else tb (each broadcast to y's shape)."""
+
     @staticmethod
     def forward(ctx, condition, a, b):
         ctx.save_for_backward(condition)
@@ -120,6 +167,17 @@ class Where(Function):
         grad_a = unbroadcast(np.where(condition, grad_out, zero), a_shape) if ctx.needs_input_grad[1] else None
         grad_b = unbroadcast(np.where(condition, zero, grad_out), b_shape) if ctx.needs_input_grad[2] else None
         return None, grad_a, grad_b
+
+    @staticmethod
+    def jvp(ctx, _condition, tangent_a, tangent_b):
+        (condition,) = ctx.saved_tensors
+        shape = np.broadcast_shapes(condition.shape, *ctx.shapes)
+        zero = next(t.dtype for t in (tangent_a, tangent_b) if t is not None).type(0)
+        return add_tangents(
+            shape,
+            None if tangent_a is None else np.where(condition, tangent_a, zero),
+            None if tangent_b is None else np.where(condition, zero, tangent_b),
+        )
 
 
 # --------------------------------------------------------------------------------- public functions

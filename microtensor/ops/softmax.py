@@ -31,6 +31,13 @@ Backward of log-softmax. dz_i/dx_j = δ_ij - dlog S/dx_j = δ_ij - y_j, so
 
 where y_j = e^{z_j} is recomputed from the saved output z (so forward stores one array, not two).
 
+Forward mode (JVP). Along a tangent t (C,) of x, the same J multiplies a column: J t. J is
+symmetric, so softmax's JVP has the form of its backward, and log-softmax's is the transpose of its
+backward's (the sum moves from g to t weighted by y):
+
+    dy_i = sum_j y_i (δ_ij - y_j) t_j = y_i (t_i - <y, t>)                         (C,)
+    dz_i = sum_j (δ_ij - y_j) t_j = t_i - <y, t>                                   (C,)
+
 Shapes. x (..., C, ...) with the softmax dim anywhere: the kernels see a C-contiguous (R, C) array
 of rows. When dim is the last dim and x is contiguous this is a free reshape (no copy); otherwise
 the dim is moved last and the rows are copied once (np.moveaxis + np.ascontiguousarray), and the
@@ -201,7 +208,10 @@ def _row_op_backward(ctx, grad_out, readable_kernel):
 
 
 class Softmax(Function):
-    """y = softmax(x) along ctx.dim.   dL/dx = y * (g - sum(g * y)) along that dim."""
+    """y = softmax(x) along ctx.dim.   dL/dx = y * (g - sum(g * y)) along that dim.
+
+    JVP: dy = y * (t - sum(y * t)) along that dim.
+    """
 
     @staticmethod
     def forward(ctx, x, dim):
@@ -211,9 +221,21 @@ class Softmax(Function):
     def backward(ctx, grad_out):
         return _row_op_backward(ctx, grad_out, softmax_backward), None
 
+    @staticmethod
+    def jvp(ctx, tangent, _dim):
+        (out_rows,) = ctx.saved_tensors
+        if tangent.size == 0:
+            return np.zeros(ctx.shape, dtype=tangent.dtype)
+        t = as_rows(tangent, ctx.dim)  # (R, C)
+        tangent_rows = out_rows * (t - np.sum(out_rows * t, axis=1, keepdims=True))  # y (t - <y, t>)
+        return from_rows(tangent_rows, ctx.shape, ctx.dim)
+
 
 class LogSoftmax(Function):
-    """z = log_softmax(x) along ctx.dim.   dL/dx = g - e^z * sum(g) along that dim."""
+    """z = log_softmax(x) along ctx.dim.   dL/dx = g - e^z * sum(g) along that dim.
+
+    JVP: dz = t - sum(e^z * t) along that dim.
+    """
 
     @staticmethod
     def forward(ctx, x, dim):
@@ -222,6 +244,15 @@ class LogSoftmax(Function):
     @staticmethod
     def backward(ctx, grad_out):
         return _row_op_backward(ctx, grad_out, log_softmax_backward), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _dim):
+        (out_rows,) = ctx.saved_tensors
+        if tangent.size == 0:
+            return np.zeros(ctx.shape, dtype=tangent.dtype)
+        t = as_rows(tangent, ctx.dim)  # (R, C)
+        tangent_rows = t - np.sum(np.exp(out_rows) * t, axis=1, keepdims=True)  # t - <y, t>, y = e^z
+        return from_rows(tangent_rows, ctx.shape, ctx.dim)
 
 
 def _check(op, x, dim):

@@ -63,7 +63,7 @@ import math
 
 import numpy as np
 
-from ...autograd import Function
+from ...autograd import Function, add_tangents
 from ...checks import check_float, check_real, check_tensor
 from ...errors import InputError
 from ...gradcheck import gradcheck_case
@@ -118,6 +118,13 @@ def sum_rows(g, total):
 
 
 class LoRALinear(Function):
+    """y = x W + b + s (x A) B.   Backward: the module docstring.
+
+    JVP (the product rule on each product), (N, out):
+
+        dy = tx W + x tW + tb + s ((tx A + x tA) B + (x A) tB)
+    """
+
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scale):
         n_in, n_out = weight.shape
@@ -171,6 +178,27 @@ class LoRALinear(Function):
             grad_bias = np.empty(n_out, dtype=dtype)
             active(sum_rows)(g, grad_bias)
         return grad_x, grad_weight, grad_bias, grad_a, grad_b, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_weight, tangent_bias, tangent_a, tangent_b, _scale):
+        rows, weight, lora_a, lora_b, xa = ctx.saved_tensors
+        N, n_out = rows.shape[0], weight.shape[1]
+        s = ctx.scale
+        tangent_rows = None if tangent_x is None else tangent_x.reshape(rows.shape)  # (N, in)
+        tangent_xa = add_tangents(  # d(x A) = tx A + x tA    (N, r)
+            xa.shape,
+            None if tangent_rows is None else tangent_rows @ lora_a,
+            None if tangent_a is None else rows @ tangent_a,
+        ) if tangent_rows is not None or tangent_a is not None else None
+        tangent_y = add_tangents(
+            (N, n_out),
+            None if tangent_rows is None else tangent_rows @ weight,
+            None if tangent_weight is None else rows @ tangent_weight,
+            tangent_bias,
+            None if tangent_xa is None else s * (tangent_xa @ lora_b),
+            None if tangent_b is None else s * (xa @ tangent_b),
+        )
+        return tangent_y.reshape(ctx.x_shape[:-1] + (n_out,))
 
 
 def lora_linear(x, weight, bias, lora_a, lora_b, scale):

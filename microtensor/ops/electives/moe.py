@@ -58,6 +58,13 @@ Backward. Within a row, gates_j = q_j / s and ds/dq_i = 1, so
 inputs), and dL/dprobs[n, e] adds dL/dq_j for every j with experts[n, j] = e: zero for the experts
 not chosen. Forward saves the sums s (N,) and the gates; backward needs nothing else.
 
+Forward mode (JVP). Gather, scatter-add and the gates are moved by tangents as values are: along a
+tangent tx of x, gather gives tx[rows]; along tangents tvalues, tweights, the scatter-add gives
+out[rows[m]] += weights[m] tvalues[m] + tweights[m] values[m] (the product rule); and along a tangent
+tp of probs, with tq_j = tp[n, experts[n, j]] and ds = sum_j tq_j,
+
+    dgates_j = sum_i (δ_ij - gates_j) / s tq_i = (tq_j - gates_j ds) / s             (k,) per row
+
 The kernels are plain serial loops, one row of C numbers at a time: a scatter-add must be serial
 as written (two tokens routed to one row would add into the same numbers at once), and a gather
 is memory traffic the compiler already turns into vector loads. There is no fast twin
@@ -66,7 +73,7 @@ the kernels index without bounds checks.
 """
 import numpy as np
 
-from ...autograd import Function
+from ...autograd import Function, add_tangents
 from ...checks import check_float, check_int, check_ndim, check_tensor, describe
 from ...errors import InputError, InputTypeError
 from ...gradcheck import gradcheck_case
@@ -198,7 +205,10 @@ def top_k_gates_backward(grad_out, experts, gates, sums, grad_probs):
 
 
 class GatherRows(Function):
-    """y = x[rows].   dL/dx = the scatter-add of g into the rows: scatter_add_rows's forward."""
+    """y = x[rows].   dL/dx = the scatter-add of g into the rows: scatter_add_rows's forward.
+
+    JVP: dy = tx[rows].
+    """
 
     @staticmethod
     def forward(ctx, x, rows):
@@ -218,10 +228,18 @@ class GatherRows(Function):
         active(scatter_add_rows_forward)(g, rows, unit_weights, grad_x)
         return grad_x, None
 
+    @staticmethod
+    def jvp(ctx, tangent_x, _rows):
+        (rows,) = ctx.saved_tensors
+        return tangent_x[rows]  # (M, C): the tangent's rows, picked as forward picks x's
+
 
 class ScatterAddRows(Function):
     """out[rows[m]] += weights[m] values[m].   dL/dvalues[m] = weights[m] g[rows[m]] (a gather),
-    dL/dweights[m] = <g[rows[m]], values[m]>."""
+    dL/dweights[m] = <g[rows[m]], values[m]>.
+
+    JVP: dout[rows[m]] += weights[m] tvalues[m] + tweights[m] values[m].
+    """
 
     @staticmethod
     def forward(ctx, values, weights, rows, n):
@@ -246,9 +264,25 @@ class ScatterAddRows(Function):
             None,
         )
 
+    @staticmethod
+    def jvp(ctx, tangent_values, tangent_weights, _rows, _n):
+        values, w, rows = ctx.saved_tensors
+        dtype = next(t.dtype for t in (tangent_values, tangent_weights) if t is not None)
+        moved = add_tangents(  # (M, C): the product rule on weights[m] values[m]
+            values.shape,
+            None if tangent_values is None else w[:, None] * tangent_values,
+            None if tangent_weights is None else tangent_weights[:, None] * values,
+        )
+        tangent_out = np.zeros((ctx.inputs[3], values.shape[1]), dtype=dtype)  # (n, C)
+        np.add.at(tangent_out, rows, moved)  # repeated rows add up, as in forward
+        return tangent_out
+
 
 class TopKGates(Function):
-    """gates = the chosen probabilities / their sum, per row.   dL/dq = (g - <g, gates>) / s."""
+    """gates = the chosen probabilities / their sum, per row.   dL/dq = (g - <g, gates>) / s.
+
+    JVP: dgates = (tq - gates ds) / s, tq the tangent's chosen probabilities and ds their sum.
+    """
 
     @staticmethod
     def forward(ctx, probs, experts):
@@ -266,6 +300,13 @@ class TopKGates(Function):
         grad_probs = np.empty(ctx.probs_shape, dtype=grad_out.dtype)  # (N, E)
         active(top_k_gates_backward)(np.ascontiguousarray(grad_out), experts, gates, sums, grad_probs)
         return grad_probs, None
+
+    @staticmethod
+    def jvp(ctx, tangent_probs, _experts):
+        experts, gates, sums = ctx.saved_tensors
+        tangent_chosen = np.take_along_axis(tangent_probs, experts, axis=1)  # tq (N, k)
+        tangent_sums = tangent_chosen.sum(axis=1, keepdims=True)  # ds (N, 1)
+        return (tangent_chosen - gates * tangent_sums) / sums[:, None]
 
 
 # --------------------------------------------------------------------------------- public functions

@@ -91,7 +91,7 @@ from ...checks import check_flag, check_float, check_int, check_ndim, check_tens
 from ...errors import InputError
 from ...gradcheck import gradcheck_case
 from ...kernels import active, kernel
-from ..attention import check_alibi_slopes, check_query_key_lengths, check_query_key_value
+from ..attention import attention_jvp, attention_probabilities, check_alibi_slopes, check_query_key_lengths, check_query_key_value
 
 # Keys per tile (and queries per tile, in the fast set). The fast backward's two 128 × 128 blocks
 # and the (128, D) tiles of q, k, v and dO they come from fit in a core's second-level cache for
@@ -228,6 +228,11 @@ def online_attention_backward(grad_out, q, k, v, out, log_sum_exp, slopes, scale
 
 
 class OnlineAttention(Function):
+    """O = softmax(q Kᵀ / √D - bias, masked) V, walked in tiles.   JVP: the same as standard attention's
+    (ops/attention.py derives it), from P recomputed with numpy: the tiles change how O is computed,
+    not what it is, so its derivative is the same.
+    """
+
     @staticmethod
     def forward(ctx, q, k, v, causal, slopes, tile_size):
         B, H, Tq, D = q.shape
@@ -248,6 +253,12 @@ class OnlineAttention(Function):
         )
         return grad_q, grad_k, grad_v, None, None, None
 
+    @staticmethod
+    def jvp(ctx, tangent_q, tangent_k, tangent_v, *_):
+        q, k, v = ctx.saved_tensors[:3]
+        probs = attention_probabilities(q, k, ctx.slopes, ctx.causal)  # (B, H, Tq, Tk): forward kept only L
+        return attention_jvp(q, k, v, probs, ctx.scale, tangent_q, tangent_k, tangent_v)
+
 
 def split_heads(qkv, n_head, n_kv_head):
     """qkv (B, T, (H + 2 Hk) D) -> q (B, H, T, D), k, v (B, Hk, T, D): views of qkv's columns."""
@@ -261,6 +272,8 @@ def split_heads(qkv, n_head, n_kv_head):
 
 
 class MultiHeadOnlineAttention(Function):
+    """JVP: qkv's tangent split into heads, attention's JVP, the heads merged (as MultiHeadAttention's)."""
+
     @staticmethod
     def forward(ctx, qkv, n_head, n_kv_head, causal, slopes, tile_size):
         B, T, width = qkv.shape
@@ -290,6 +303,15 @@ class MultiHeadOnlineAttention(Function):
             grad_heads, q, k, v, out_heads, log_sum_exp, ctx.slopes, ctx.scale, ctx.causal, ctx.tile_size, grad_q, grad_k, grad_v
         )
         return grad_qkv, None, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent_qkv, *_):
+        qkv = ctx.saved_tensors[0]
+        B, T, width = qkv.shape
+        q, k, v = split_heads(qkv, ctx.n_head, ctx.n_kv_head)
+        probs = attention_probabilities(q, k, ctx.slopes, ctx.causal)  # (B, H, T, T)
+        tangent_heads = attention_jvp(q, k, v, probs, ctx.scale, *split_heads(tangent_qkv, ctx.n_head, ctx.n_kv_head))
+        return np.ascontiguousarray(tangent_heads.transpose(0, 2, 1, 3)).reshape(B, T, q.shape[1] * q.shape[3])  # (B, T, H D)
 
 
 # --------------------------------------------------------------------------------- the public functions

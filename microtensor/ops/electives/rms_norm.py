@@ -15,6 +15,12 @@ Backward, with g = dL/dy (C,) and d_i = dL/dxhat_i = g_i w_i:
 
 The forward saves rstd per row (N,); backward rebuilds xhat from x.
 
+Forward mode (JVP), along tangents tx (C,) and tw (C,): the same (symmetric) Jacobian of xhat times
+a column,
+
+    dxhat_i = sum_j rstd (δ_ij - xhat_i xhat_j / C) tx_j = rstd (tx_i - xhat_i mean_j(xhat_j tx_j))
+    dy_i    = dxhat_i w_i + xhat_i tw_i                                           (C,)
+
 The kernels loop over the rows one after the other, like layer_norm.py's. The fast set compiles
 these same loops with other flags (microtensor/fast/electives/rms_norm.py).
 """
@@ -76,6 +82,8 @@ def rms_norm_backward_weight(grad_out, x, rstd, grad_weight):
 
 
 class RMSNorm(Function):
+    """y = x rstd w over the last dim.   Backward and forward mode (JVP): the module docstring."""
+
     @staticmethod
     def forward(ctx, x, weight, eps):
         C = x.shape[-1]
@@ -103,6 +111,21 @@ class RMSNorm(Function):
             grad_w = np.empty_like(w)
             active(rms_norm_backward_weight)(g, rows, rstd, grad_w)
         return grad_x, grad_w, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_weight, _eps):
+        rows, w, rstd = ctx.saved_tensors
+        dtype = next(t.dtype for t in (tangent_x, tangent_weight) if t is not None)
+        if rows.size == 0:
+            return np.zeros(ctx.shape, dtype=dtype)
+        xhat = rows * rstd[:, None]  # (N, C)
+        tangent_y = np.zeros(rows.shape, dtype=dtype)  # (N, C)
+        if tangent_x is not None:
+            t = tangent_x.reshape(rows.shape)  # (N, C)
+            tangent_y += rstd[:, None] * (t - xhat * (xhat * t).mean(axis=1, keepdims=True)) * w
+        if tangent_weight is not None:
+            tangent_y += xhat * tangent_weight
+        return tangent_y.reshape(ctx.shape)
 
 
 def rms_norm(x, weight=None, eps=1e-5):

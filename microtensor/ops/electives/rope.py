@@ -13,6 +13,9 @@ backward is the rotation by the opposite angle:
     dL/dx_{2i}   =  g_{2i} cos(angle) + g_{2i+1} sin(angle)
     dL/dx_{2i+1} = -g_{2i} sin(angle) + g_{2i+1} cos(angle)
 
+Forward mode (JVP): y is linear in x, so a tangent t of x rotates exactly as x does: dy = R t
+(the same angles, not the opposite ones).
+
 Elementwise on pairs, memory-bound: numpy expressions, no kernel. `offset` lets a KV cache rotate
 a new token by its absolute position.
 """
@@ -41,6 +44,8 @@ def _rotate(x, cos, sin):
 
 
 class RoPE(Function):
+    """y = each pair of x rotated by its angle.   dL/dx = g rotated back.   JVP: dy = t rotated forward."""
+
     @staticmethod
     def forward(ctx, x, offset):
         cos, sin = rope_angles(x.shape[-2], x.shape[-1], offset, x.dtype)
@@ -51,6 +56,11 @@ class RoPE(Function):
     def backward(ctx, grad_out):
         cos, sin = ctx.saved_tensors
         return _rotate(grad_out, cos, -sin), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _offset):
+        cos, sin = ctx.saved_tensors
+        return _rotate(tangent, cos, sin)
 
 
 def rope(x, offset=0):

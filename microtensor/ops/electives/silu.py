@@ -16,6 +16,10 @@ and its two gradients, from the product rule, with g = dL/dy of shape (B, T, F):
 
     dL/da = g * b * dsilu/da(a),     dL/db = g * silu(a)
 
+Forward mode (JVP), with tangents t, ta, tb: the same diagonal Jacobians times a column,
+
+    dsilu = dsilu/dx(x) * t,      dswiglu = dsilu/da(a) * b * ta + silu(a) * tb
+
 Both ops are elementwise, so every Jacobian is diagonal and the kernels loop over flat views (N,)
 of the contiguous arrays. Why each choice:
 
@@ -33,7 +37,7 @@ of the contiguous arrays. Why each choice:
 import numpy as np
 from numba import prange
 
-from ...autograd import Function
+from ...autograd import Function, add_tangents
 from ...checks import check_float
 from ...errors import InputError
 from ...gradcheck import gradcheck_case
@@ -101,6 +105,8 @@ def swiglu_backward(grad_out, a, b, grad_a, grad_b):
 
 
 class SiLU(Function):
+    """y = x σ(x).   dL/dx = g σ (1 + x (1 - σ)).   JVP: dy = σ (1 + x (1 - σ)) t."""
+
     @staticmethod
     def forward(ctx, x):
         flat = np.ascontiguousarray(x).reshape(-1)  # (N,)
@@ -117,8 +123,16 @@ class SiLU(Function):
         active(silu_backward)(np.ascontiguousarray(grad_out).reshape(-1), flat, sigmoid_x, grad_x)
         return grad_x.reshape(ctx.shape)
 
+    @staticmethod
+    def jvp(ctx, tangent):
+        flat, sigmoid_x = ctx.saved_tensors
+        dy_dx = sigmoid_x * (1 + flat * (1 - sigmoid_x))  # (N,)
+        return tangent * dy_dx.reshape(ctx.shape)
+
 
 class SwiGLU(Function):
+    """y = silu(a) b.   JVP: dy = dsilu/da(a) b ta + silu(a) tb."""
+
     @staticmethod
     def forward(ctx, a, b):
         flat_a = np.ascontiguousarray(a).reshape(-1)  # (N,)
@@ -135,6 +149,18 @@ class SwiGLU(Function):
         grad_a, grad_b = np.empty_like(flat_a), np.empty_like(flat_b)
         active(swiglu_backward)(np.ascontiguousarray(grad_out).reshape(-1), flat_a, flat_b, grad_a, grad_b)
         return grad_a.reshape(ctx.shape), grad_b.reshape(ctx.shape)
+
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b):
+        flat_a, flat_b = ctx.saved_tensors
+        a, b = flat_a.reshape(ctx.shape), flat_b.reshape(ctx.shape)
+        exp_of_minus_abs = np.exp(-np.abs(a))
+        sigmoid_a = np.where(a >= 0, 1 / (1 + exp_of_minus_abs), exp_of_minus_abs / (1 + exp_of_minus_abs))  # σ(a), no overflow
+        return add_tangents(
+            ctx.shape,
+            None if tangent_a is None else sigmoid_a * (1 + a * (1 - sigmoid_a)) * b * tangent_a,
+            None if tangent_b is None else a * sigmoid_a * tangent_b,
+        )
 
 
 def silu(x):
