@@ -34,10 +34,16 @@ def _lora_linear(draw):
         bias64 = np.zeros(n_out) if bias is None else bias.numpy().astype(np.float64)
         with np.errstate(all="ignore"):
             expected = xs @ w + bias64 + float(scale) * ((xs @ a) @ b)  # (..., out)
-            bound = np.abs(xs) @ np.abs(w) + np.abs(bias64) + abs(float(scale)) * ((np.abs(xs) @ np.abs(a)) @ np.abs(b))
+            # x A and (x A) B, which the op holds in the input's dtype before it scales the update
+            low_rank = np.abs(xs) @ np.abs(a)  # (..., rank)
+            update = low_rank @ np.abs(b)  # (..., out)
+            bound = np.abs(xs) @ np.abs(w) + np.abs(bias64) + abs(float(scale)) * update
         assert result.dtype == dtype and result.shape == expected.shape, f"lora_linear: {result.dtype} {result.shape}"
-        if not np.all(np.isfinite(bound)) or bound.max(initial=0) > np.finfo(dtype).max / 16:
-            return  # nan, inf or sums near the dtype's limit: the order of the sums decides what comes out
+        limit = np.finfo(dtype).max / 16
+        if not all(np.all(np.isfinite(v)) and v.max(initial=0) <= limit for v in (bound, low_rank, update)):
+            # nan, inf or sums near the dtype's limit, in the result or on the way to it (an update
+            # that overflows before a scale of 0 multiplies it is nan): the order of the sums decides
+            return
         assert_close("lora_linear", result, expected.astype(dtype), scale=max(1.0, float(bound.max(initial=0))))
 
     run(draw, "lora_linear", lambda: F.lora_linear(x, weight, bias, lora_a, lora_b, scale), expect)
