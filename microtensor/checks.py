@@ -83,11 +83,14 @@ def as_real(value):
     return float(value) if is_real_number(value) else None
 
 
+def is_integer(value):
+    """A Python or numpy int (a bool is not: True as a count is a slip, not 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def as_count(value):
     """`value` as a Python int if it is an integer (a bool is not), else None."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        return None
-    return int(value)
+    return int(value) if is_integer(value) else None
 
 
 def check_real(op, name, value, low=None, high=None, low_open=False, high_open=False):

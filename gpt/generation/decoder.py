@@ -32,7 +32,7 @@ import numpy as np
 
 import microtensor as mt
 from microtensor import InputError, InputTypeError, nn
-from microtensor.checks import is_real_number
+from microtensor.checks import is_integer, is_real_number
 
 SINGLE_THREAD_TOKENS = 16  # steps over at most this many tokens run the kernels on one thread
 
@@ -165,11 +165,6 @@ class Decoder:
 # ================================================================================= checks
 
 
-def is_int(value):
-    """A Python or numpy int (a bool is not one)."""
-    return is_real_number(value) and isinstance(value, (int, np.integer))
-
-
 def check_ids(where, ids, vocab_size):
     """Every id in [0, vocab_size): the embedding kernels index the table without bounds checks."""
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
@@ -207,15 +202,15 @@ def check_one_sequence(where, prompt_ids, vocab_size):
 
 
 def check_generation_options(where, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
-    if not is_int(max_new_tokens) or max_new_tokens < 0:
+    if not is_integer(max_new_tokens) or max_new_tokens < 0:
         raise InputError(f"{where}: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not is_real_number(temperature) or not (math.isfinite(temperature) and temperature >= 0):
         raise InputError(f"{where}: temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
+    if top_k is not None and (not is_integer(top_k) or top_k < 1):
         raise InputError(f"{where}: top_k must be None or an int >= 1, got {top_k!r}")
     if top_p is not None and (not is_real_number(top_p) or not 0 < top_p <= 1):
         raise InputError(f"{where}: top_p must be None or a number in (0, 1], got {top_p!r}")
     if not isinstance(use_kv_cache, (bool, np.bool_)):
         raise InputTypeError(f"{where}: use_kv_cache must be True or False, got {use_kv_cache!r}")
-    if seed is not None and (not is_int(seed) or seed < 0):
+    if seed is not None and (not is_integer(seed) or seed < 0):
         raise InputError(f"{where}: seed must be None or an int >= 0, got {seed!r}")

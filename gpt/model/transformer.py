@@ -35,7 +35,7 @@ import numpy as np
 import microtensor as mt
 import microtensor.functional as F
 from microtensor import InputError, InputTypeError, nn
-from microtensor.checks import as_count, is_real_number
+from microtensor.checks import is_integer, is_real_number
 from microtensor.nn import sinusoidal_embedding
 
 from gpt.generation.decoder import check_generation_options, check_ids, check_prompt
@@ -109,10 +109,10 @@ class GPTConfig:
         read as true); numpy integers become Python ints, so that `to_dict()` is plain JSON. A
         value of the right type that cannot work is a ConfigError."""
         if self.n_kv_head is None:
-            self.n_kv_head = self.n_head if as_count(self.n_head) is not None else None
+            self.n_kv_head = self.n_head if is_integer(self.n_head) else None
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k"):
             value = getattr(self, name)
-            if as_count(value) is None:
+            if not is_integer(value):
                 raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
             expected = f"an integer >= 1 dividing `n_head` ({self.n_head})" if name == "n_kv_head" else "an integer >= 1"
             _require(value >= 1, f"{name} must be a positive integer, got {value}", name, value, expected)
@@ -393,7 +393,7 @@ class GPT(nn.Module):
             raise InputError(f"GPT: idx must be an integer tensor (B, T), got {idx.dtype} of shape {idx.shape}")
         B, T = idx.shape
         check_ids("GPT", idx.data, self.config.vocab_size)
-        if as_count(offset) is None or offset < 0:
+        if not is_integer(offset) or offset < 0:
             raise InputError(f"GPT: offset must be an int >= 0, got {offset!r}")
         if offset + T > self.config.block_size and (self.config.pos == "learned" or caches is not None):
             # rope, sinusoidal and alibi compute positions on the fly, so a forward without caches may go
@@ -462,7 +462,7 @@ class GPT(nn.Module):
 
     def new_cache_arrays(self, batch):
         """Zeroed keys and values of every layer: two arrays (n_layer, B, Hk, block_size, D), Hk = n_kv_head."""
-        if as_count(batch) is None or batch < 1:
+        if not is_integer(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
         dtype = self.transformer.wte.weight.dtype

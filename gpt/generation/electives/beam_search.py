@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from microtensor import InputError, InputTypeError
-from microtensor.checks import is_real_number
+from microtensor.checks import is_integer, is_real_number
 
-from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int
+from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence
 from gpt.generation.sampling import log_softmax
 from gpt.model.transformer import GPT
 
@@ -77,11 +77,11 @@ def beam_search(model, prompt_ids, beam_width, max_new_tokens, length_penalty=0.
     check_model("beam_search", model)
     V = model.config.vocab_size
     prompt = check_one_sequence("beam_search", prompt_ids, V)
-    if not is_int(beam_width) or beam_width < 1:
+    if not is_integer(beam_width) or beam_width < 1:
         raise InputError(f"beam_search: beam_width must be an int >= 1 (1 is greedy search), got {beam_width!r}")
     if not is_real_number(length_penalty) or not (np.isfinite(length_penalty) and length_penalty >= 0):
         raise InputError(f"beam_search: length_penalty must be a finite number >= 0, got {length_penalty!r}")
-    if stop_token is not None and (not is_int(stop_token) or not 0 <= stop_token < V):
+    if stop_token is not None and (not is_integer(stop_token) or not 0 <= stop_token < V):
         raise InputError(f"beam_search: stop_token must be None or a token id in [0, {V}), got {stop_token!r}")
     check_generation_options("beam_search", max_new_tokens, 0, None, None, use_kv_cache, None)
     K, P = beam_width, prompt.shape[1]

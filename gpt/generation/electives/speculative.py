@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from microtensor import InputError, InputTypeError
+from microtensor.checks import is_integer
 
-from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence, is_int
+from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence
 from gpt.model.transformer import GPT
 from gpt.generation.sampling import token_distribution
 
@@ -147,7 +148,7 @@ def _check_speculative(where, target, draft, prompt_ids, max_new_tokens, specula
             f"{where}: the draft's vocabulary has {draft.config.vocab_size} tokens, the target's {target.config.vocab_size}; "
             "the draft must be trained with the target's tokenizer"
         )
-    if not is_int(speculate_k) or speculate_k < 1:
+    if not is_integer(speculate_k) or speculate_k < 1:
         raise InputError(f"{where}: speculate_k must be an int >= 1 (the draft's proposals per round), got {speculate_k!r}")
     check_generation_options(where, max_new_tokens, temperature, top_k, top_p, True, seed)
     return check_one_sequence(where, prompt_ids, target.config.vocab_size)
