@@ -26,7 +26,7 @@ import numpy as np
 
 # tensor first: it defines Tensor and closes microtensor's one import circle (see its last lines).
 from .tensor import Tensor, get_default_dtype, set_default_dtype
-from . import checks, functional, nn, optim
+from . import checks, func, functional, nn, optim
 from .autograd import Function, is_grad_enabled, jvp, no_grad, unbroadcast
 from .checks import FLOAT_DTYPES, allocate as _allocate, as_dtype as _as_dtype, bool_, check_flag as _check_flag, float32, float64, int64
 from .errors import AllocationError, GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, StateDictError, ThreadingError
