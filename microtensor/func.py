@@ -97,6 +97,13 @@ def _leaves(transform, args, positions):
     return _as_tensors(args)
 
 
+def _moving(transform, name, value):
+    """A primal for forward mode: a Tensor of the value's memory that requires grad, so that every op
+    f runs on it goes through Function.apply, where mt.jvp carries the tangents (indexing a tensor
+    that needs no gradient returns a plain view, outside apply, and its tangent would be lost)."""
+    return Tensor._from_array(_float_array(transform, name, value), requires_grad=True)
+
+
 class _Running:
     """Marks a transform's f as running, and refuses one transform inside another (see the module docstring)."""
 
@@ -225,7 +232,7 @@ def jvp(f, primals, tangents):
         raise InputTypeError(f"jvp: primals must be a tuple of f's arguments, got {describe(primals)}")
     if not isinstance(tangents, (tuple, list)):
         raise InputTypeError(f"jvp: tangents must be a tuple with one entry per primal ({len(primals)}), got {describe(tangents)}")
-    arguments = tuple(Tensor._from_array(_float_array("jvp", f"primals[{i}]", p)) for i, p in enumerate(primals))
+    arguments = tuple(_moving("jvp", f"primals[{i}]", p) for i, p in enumerate(primals))
     with _Running("jvp"):
         return forward_mode_jvp(f, arguments, tuple(tangents))
 
@@ -276,9 +283,9 @@ def _by_rows(f, args, positions):
 
 def _by_columns(f, args, positions):
     """Forward mode: one mt.jvp per input element; column j of J is J e_j."""
-    for i in positions:
-        _float_array("jacobian", f"argument {i}", args[i])
     primals = _as_tensors(args)
+    for i in positions:
+        primals[i] = _moving("jacobian", f"argument {i}", args[i])
 
     def checked(*arguments):  # f, with its output checked before mt.jvp reads it
         out = f(*arguments)

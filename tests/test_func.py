@@ -65,6 +65,15 @@ def test_jacobian_by_rows_equals_by_columns_equals_finite_differences(name, kern
         np.testing.assert_allclose(by_rows.numpy(), numeric_jacobian(f, args, argnum), rtol=1e-6, atol=1e-8)
 
 
+def test_forward_mode_carries_the_tangent_through_indexing():
+    """x[0] of an argument: forward mode's column is the unit vector, as reverse mode's row is."""
+    x = _array((4,), 17)
+    f = lambda x: F.log_softmax(x, dim=-1)[0]
+    np.testing.assert_allclose(mt.func.jacobian(f, mode="fwd")(x).numpy(), mt.func.jacobian(f)(x).numpy(), rtol=1e-12)
+    _, tangent = mt.func.jvp(lambda x: x[1], (x,), (np.arange(4.0),))
+    assert tangent.item() == 1.0
+
+
 @pytest.mark.parametrize("name", ["softmax", "layer_norm with weight and bias", "mlp"])
 def test_jvp_is_jacobian_times_v_and_vjp_is_jacobian_transposed_times_u(name, kernel_set):
     f, args = CASES[name]
