@@ -913,4 +913,26 @@ MUTANTS = [
         jit=True,
         why="a LoRA layer lets the one-token kernel run it, which reads the base weight and drops the adapter",
     ),
+    # ----------------------------------------------------------------------------- function transforms (mt.func)
+    Mutant(
+        "func.jacobian_columns_as_rows", "microtensor/func.py",
+        "block = np.stack(columns, axis=1) if columns",
+        "block = np.stack(columns, axis=0) if columns",
+        'tests/test_func.py -k "readable and jacobian_by_rows"',
+        why="forward mode's columns are stacked as rows: J comes out transposed (and scrambled when m != n)",
+    ),
+    Mutant(
+        "func.vjp_accumulates", "microtensor/func.py",
+        "    for leaf in leaves:\n        leaf.grad = None\n",
+        "",
+        "tests/test_func.py",
+        why="each backward adds into the gradients of the calls before it: row i of a reverse-mode J is the sum of rows 0..i",
+    ),
+    Mutant(
+        "func.hvp_one_sided_denominator", "microtensor/func.py",
+        "(p._data - m._data) / (2 * step)",
+        "(p._data - m._data) / step",
+        'tests/test_func.py -k "hvp"',
+        why="a central difference divided by one step instead of two: H v comes out doubled",
+    ),
 ]
