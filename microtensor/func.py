@@ -25,8 +25,8 @@ be built honestly from the two modes: central differences of the exact reverse-m
 
 The arguments a transform differentiates must be float Tensors or float numpy arrays; each is
 copied into a new leaf Tensor, so the caller's tensors and their `.grad` are never touched. The
-other arguments are passed to f as they are, but for numpy arrays, which become Tensors that need
-no gradient.
+other arguments are passed to f as they are, except that numpy arrays become Tensors and Tensors
+are detached: only the differentiated arguments receive a gradient.
 """
 import numpy as np
 
@@ -83,18 +83,19 @@ def _float_array(transform, name, value):
 
 
 def _as_tensors(args):
-    """args with every numpy array made a Tensor (of the same memory) that needs no gradient."""
-    return [Tensor._from_array(a) if isinstance(a, np.ndarray) else a for a in args]
+    """args with every numpy array made a Tensor (of the same memory) that needs no gradient, and
+    every Tensor detached: only the differentiated arguments may receive a gradient."""
+    return [Tensor._from_array(a) if isinstance(a, np.ndarray) else a.detach() if isinstance(a, Tensor) else a for a in args]
 
 
 def _leaves(transform, args, positions):
     """args with each differentiated one replaced by a new leaf that requires grad (a copy of its
-    values), and the other numpy arrays made Tensors."""
-    args = list(args)
+    values), and the others as `_as_tensors` makes them."""
+    leaves = _as_tensors(args)
     for i in positions:
         array = _float_array(transform, f"argument {i}", args[i])
-        args[i] = Tensor._from_array(np.array(array, copy=True), requires_grad=True)
-    return _as_tensors(args)
+        leaves[i] = Tensor._from_array(np.array(array, copy=True), requires_grad=True)
+    return leaves
 
 
 def _moving(transform, name, value):

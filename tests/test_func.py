@@ -108,7 +108,11 @@ def test_grad_is_vjp_with_cotangent_one_and_agrees_with_finite_differences(name,
 
 def test_the_callers_tensors_and_their_grads_are_untouched():
     x = mt.tensor(_array((2, 3), 30), requires_grad=True)
+    w = mt.tensor(_array((3,), 34), requires_grad=True)  # an argument not differentiated
     before = x.numpy().copy()
+    mt.func.grad(lambda x, w: (x * w).sum())(x, w)
+    mt.func.jacobian(lambda x, w: x * w, mode="fwd")(x, w)
+    assert w.grad is None
     mt.func.grad(lambda x: (x * x).sum())(x)
     mt.func.jacobian(lambda x: x.exp())(x)
     mt.func.vjp(lambda x: x.tanh(), x)[1](np.ones((2, 3)))
