@@ -73,6 +73,12 @@ def is_grad_enabled():
     return _grad_enabled
 
 
+def forward_mode_running():
+    """True while jvp() runs: an op must then go through Function.apply even for inputs that need
+    no gradient, since a tangent may ride on them."""
+    return _forward_tangents is not None
+
+
 class no_grad:
     """Context manager (and decorator) in which no op records a graph: for evaluation and sampling."""
 

@@ -101,6 +101,17 @@ def test_jvp_of_an_output_that_does_not_move_is_zero_and_of_a_tuple_is_a_tuple()
     np.testing.assert_array_equal(tangents[1].data, np.zeros(3))
 
 
+def test_jvp_carries_a_tangent_through_indexing_of_a_primal_that_needs_no_gradient():
+    # getitem skips its Function for tensors without requires_grad; under jvp it must not, or the
+    # tangent is lost and the derivative comes out 0
+    x = _x((3,))
+    assert not x.requires_grad
+    _, tangent = mt.jvp(lambda x: x[0] * 3.0, x, np.ones(3))
+    np.testing.assert_array_equal(tangent.data, 3.0)
+    _, picked = mt.jvp(lambda x: x[np.array([2, 2, 0])], x, np.array([1.0, 2.0, 4.0]))
+    np.testing.assert_array_equal(picked.data, [4.0, 4.0, 1.0])
+
+
 def test_jvp_of_the_identity_is_the_tangent():
     x, v = _x(), np.array([3.0, 1.0, 2.0])
     _, tangent = mt.jvp(lambda x: x, x, v)

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from .. import autograd
 from ..autograd import Function, add_tangents, unbroadcast
 from ..checks import broadcast_shape, check_float, check_tensor, describe, is_real_number, normalize_dim
 from ..errors import InputError, InputIndexError, InputTypeError
@@ -269,7 +270,7 @@ def getitem(x, index):
         values = x.data[index]  # numpy validates the index (basic indices give a view: no copy)
     except (IndexError, TypeError, ValueError) as error:
         raise InputIndexError(f"getitem: index {index!r} is invalid for a tensor of shape {x.shape}: {error}") from None
-    if not x.requires_grad:
+    if not x.requires_grad and not autograd.forward_mode_running():
         return Tensor._from_array(np.asarray(values))._view_of(x)  # basic indices give a view
     return GetItem.apply(x, index)._view_of(x)
 
