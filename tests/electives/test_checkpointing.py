@@ -68,6 +68,22 @@ def test_gradients_equal_without_checkpointing_bit_for_bit(kernel_set):
     assert_bitwise_equal(kept, plain)
 
 
+def test_a_weight_used_inside_and_outside_gets_its_sum_in_another_order():
+    """w's three contributions (two inside fn, one after it) are added as (a + b) + c with
+    checkpointing, in the walk's order of the whole graph without: equal to a few ulps, not bit for bit."""
+    x, w = leaf(5, 7), leaf(7, 7, seed=1)
+    upstream = mt.tensor(np.random.default_rng(2).standard_normal((5, 7)))
+
+    def segment(x):
+        h = x @ w
+        return (h.tanh() @ w) * h
+
+    plain = gradients_of(lambda: ((segment(x) @ w).tanh() * upstream).sum(), [x, w])
+    kept = gradients_of(lambda: ((mt.checkpoint(segment, x) @ w).tanh() * upstream).sum(), [x, w])
+    assert np.array_equal(kept[0], plain[0])  # x's gradient comes back whole through the one input
+    np.testing.assert_allclose(kept[1], plain[1], rtol=1e-13, atol=0)
+
+
 def test_dropout_masks_are_replayed_and_the_callers_random_state_given_back():
     x = leaf(50, 40)
 
@@ -268,3 +284,24 @@ def test_train_with_checkpointing_gives_the_same_weights_and_resumes_exactly(tmp
     for name in plain:
         np.testing.assert_array_equal(kept[name], plain[name], err_msg=name)
         np.testing.assert_array_equal(resumed[name], kept[name], err_msg=name)
+
+
+def test_the_bench_case_renders_its_table():
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        from cases.electives import checkpointing as case
+    finally:
+        sys.path.remove(str(bench))
+    machine = {"date": "2031-05-06", "processor": "Made-up CPU", "isa": "avx2", "cores": 3, "numpy": "9.8.7", "numba": "6.5.4"}
+    row = {
+        "T": 1024, "B": 1, "attention": "online", "plain_graph_bytes": 40 << 20, "checkpointed_graph_bytes": 4 << 20,
+        "plain_peak_rss_growth_bytes": 48 << 20, "checkpointed_peak_rss_growth_bytes": None, "plain_s": 0.25,
+        "checkpointed_s": 0.3125, "checkpointed_over_plain": 1.25,
+    }  # fmt: skip
+    text = case.markdown({"machine": machine, "recipe": {**case.RECIPE, "tokens_per_step": 768}, "rows": [row]})
+    assert "| 1024 | 1 | online | 40.0 MiB | 4.0 MiB | 48.0 MiB | - | 250.0 | 312.5 | 1.25× |" in text.splitlines()
+    assert "GPT of 4 layers, 4 heads, 128 wide, float32, 768 tokens per step; one forward+backward:" in text
