@@ -11,7 +11,8 @@
 Where things live (the files the default GPT runs at the top of each folder, the techniques in
 `electives/` beside them): `tensor.py` (Tensor), `autograd.py` (Function and the backward walk),
 `ops/` (one file per op: math, readable kernels, backward, gradient check; `ops/electives/` for the
-techniques: RMSNorm, SiLU, RoPE, online attention, mixture of experts, LoRA, quantization),
+techniques: RMSNorm, SiLU, RoPE, online attention, mixture of experts, LoRA, quantization,
+gradient checkpointing: `checkpoint`),
 `kernels.py` (the switch between the readable kernels and the fast ones in `fast/` and
 `fast/electives/`), `functional.py` (the ops as functions), `nn.py` (modules, and the sinusoidal
 position table), `optim.py` (optimizers), `gradcheck.py` (finite differences), `checks.py` (every
@@ -35,6 +36,7 @@ from .gradcheck import GradcheckError, GradcheckReport, JvpcheckError, dot_produ
 from .kernels import get_kernels, set_kernels, using_kernels
 from .threads import num_threads
 from .ops.shape import cat, concat, split, stack, where
+from .ops.electives.checkpointing import checkpoint
 from .random import get_generator, manual_seed
 
 __version__ = "0.1.0"

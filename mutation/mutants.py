@@ -935,4 +935,19 @@ MUTANTS = [
         'tests/test_func.py -k "hvp"',
         why="a central difference divided by one step instead of two: H v comes out doubled",
     ),
+    # ----------------------------------------------------------------------------- gradient checkpointing
+    Mutant(
+        "checkpointing.masks_not_replayed", "microtensor/ops/electives/checkpointing.py",
+        "random.set_state(ctx.generator_state)  # the same dropout masks as forward drew",
+        "pass  # the generator goes on from where the caller left it",
+        'tests/electives/test_checkpointing.py -k "dropout_masks or bit_for_bit"',
+        why="backward's second run of fn draws new dropout masks: the gradient of another function",
+    ),
+    Mutant(
+        "checkpointing.inputs_not_saved", "microtensor/ops/electives/checkpointing.py",
+        "ctx.save_for_backward(*(a for a in arrays if isinstance(a, np.ndarray)))",
+        "pass",
+        "tests/electives/test_checkpointing.py -k changed_in_place",
+        why="an input changed in place after forward goes unnoticed, and fn runs again on values forward never saw",
+    ),
 ]

@@ -16,11 +16,13 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
 import traceback
 import weakref
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -606,9 +608,15 @@ def with_memory(s, available):
 
 
 def flip(payload):
-    middle = bytearray(payload)
-    middle[len(middle) // 2] ^= 0xFF
-    return bytes(middle)
+    """payload with one byte of the largest entry's stored bytes inverted: inside what the zip's CRC
+    covers (the middle of the file may fall in a local header's zip64 sizes, which no reader looks at)."""
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        largest = max(archive.infolist(), key=lambda info: info.compress_size)
+    name_length, extra_length = struct.unpack("<HH", payload[largest.header_offset + 26 : largest.header_offset + 30])
+    start = largest.header_offset + 30 + name_length + extra_length  # the local header's own lengths
+    flipped = bytearray(payload)
+    flipped[start + largest.compress_size // 2] ^= 0xFF
+    return bytes(flipped)
 
 
 def offline(s):

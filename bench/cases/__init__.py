@@ -45,5 +45,6 @@ CASES = [
     Case("decoding", "electives.decoding", "Beam search and speculative decoding", "docs/electives/speculative-decoding.md"),
     Case("quantize", "electives.quantize", "int8 and int4 weights", "docs/electives/quantization.md"),
     Case("lora", "electives.lora", "LoRA fine-tuning", "docs/electives/lora.md"),
+    Case("checkpointing", "electives.checkpointing", "Gradient checkpointing", "docs/electives/checkpointing.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}

@@ -14,8 +14,11 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
 - attention: the standard kernel, which keeps the (T, T) probabilities for backward, or "online",
   FlashAttention's tiles with a running max and sum, which keeps only one number per row;
 - biases, and tied input/output embeddings (logits = x @ wteᵀ, so `lm_head.weight` exists only
-  when untied).
-The options combine freely.
+  when untied);
+- checkpoint_activations: each block runs under `mt.checkpoint`, which keeps only its input for
+  backward and runs the block again there (microtensor/ops/electives/checkpointing.py).
+The options combine freely, but for checkpointing with experts (their load-balancing loss needs
+the block's graph).
 
 Generation (`generate`, `generate_tokens`) samples over a Decoder (gpt/generation/sampling.py,
 gpt/generation/decoder.py), which keeps each layer's keys and values in a `KVCache` (below) so that a new
@@ -90,6 +93,10 @@ class GPTConfig:
         "standard", "attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's "
         "tiles) keeps one number per row (docs/electives/online-attention.md)", choices=("standard", "online"),
     )  # fmt: skip
+    checkpoint_activations: bool = option(
+        False, "keep only each block's input for backward and compute the rest again there: less memory, one more "
+        "forward per block; the weights and the numbers are the same (docs/electives/checkpointing.md)",
+    )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
 
@@ -117,7 +124,7 @@ class GPTConfig:
             expected = f"an integer >= 1 dividing `n_head` ({self.n_head})" if name == "n_kv_head" else "an integer >= 1"
             _require(value >= 1, f"{name} must be a positive integer, got {value}", name, value, expected)
             setattr(self, name, int(value))
-        for name in ("bias", "tie_weights"):
+        for name in ("bias", "tie_weights", "checkpoint_activations"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise InputTypeError(f"GPTConfig: {name} must be True or False, got {type(value).__name__} {value!r}")
@@ -146,6 +153,11 @@ class GPTConfig:
             self.expert_top_k <= self.n_expert, f"expert_top_k ({self.expert_top_k}) must be at most n_expert "
             f"({self.n_expert}): a token cannot be routed to more experts than there are", "expert_top_k", self.expert_top_k,
             f"at most `n_expert` ({self.n_expert}): a token goes to that many different experts",
+        )  # fmt: skip
+        _require(
+            not (self.checkpoint_activations and self.mlp == "moe"), "checkpoint_activations cannot run with mlp moe: "
+            "its load-balancing loss is made inside the block, where a checkpointed forward records no graph",
+            "checkpoint_activations", self.checkpoint_activations, "no `mlp` moe (its load-balancing loss needs the block's graph)",
         )  # fmt: skip
         head_size = n_embd // n_head
         _require(
@@ -215,6 +227,9 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
                    then ln_f (C), the logits and cross-entropy's saved exponentials (2 V), and in
                    backward the logits' gradient (V), and the two int64 id arrays of the batch.
                  Dropout's masks and the small per-row statistics are left out: a lower bound.
+                 With checkpoint_activations the graph keeps each block's input alone (C), and
+                 backward runs one block again at a time: n_layer C + one block's arrays (or the
+                 head's, whichever is larger) instead of n_layer blocks' arrays.
 
     itemsize: bytes per number (4 for float32, 8 for float64).
     """
@@ -232,7 +247,10 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
     attention_rows = H * T if config.attention == "standard" else H
     per_block = 7 * C + (H + 2 * Hk) * (C // H) + attention_rows + mlp
     positions = C if config.pos in ("learned", "sinusoidal") else 0
-    per_token = C + positions + config.n_layer * per_block + C + 3 * V
+    if config.checkpoint_activations:
+        per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
+    else:
+        per_token = C + positions + config.n_layer * per_block + C + 3 * V
     tokens = batch_size * T
     parameters = parameter_count(config)
     weights = parameters * itemsize * (4 if trains_every_weight else 1)
@@ -411,7 +429,10 @@ class GPT(nn.Module):
             x = x + mt.tensor(sinusoidal_embedding(offset, T, self.config.n_embd, x.dtype))  # (T, C), a constant
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, None if caches is None else caches[layer], offset)
+            if self.config.checkpoint_activations and caches is None:
+                x = mt.checkpoint(block, x, None, offset)  # keeps x alone; backward runs the block again
+            else:
+                x = block(x, None if caches is None else caches[layer], offset)
         x = self.transformer.ln_f(x)
         if self.config.tie_weights:
             wte = self.transformer.wte
