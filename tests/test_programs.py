@@ -16,11 +16,13 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
 import traceback
 import weakref
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -606,8 +608,16 @@ def with_memory(s, available):
 
 
 def flip(payload):
+    """The archive with one byte of data inverted: the middle byte of its middle entry's data. (The
+    archive's middle byte itself may fall in a local header's size fields, which zip readers take
+    from the central directory instead: where it falls moves with the length of the meta record.)"""
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        entries = archive.infolist()
+    entry = entries[len(entries) // 2]
+    name_length, extra_length = struct.unpack("<HH", payload[entry.header_offset + 26 : entry.header_offset + 30])
+    data_start = entry.header_offset + 30 + name_length + extra_length  # after the local header
     middle = bytearray(payload)
-    middle[len(middle) // 2] ^= 0xFF
+    middle[data_start + entry.compress_size // 2] ^= 0xFF
     return bytes(middle)
 
 
