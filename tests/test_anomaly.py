@@ -109,3 +109,21 @@ def test_detect_anomaly_is_also_a_decorator():
         step(vector(0.0))
     assert step.__name__ == "step"
     assert autograd._observer is None
+
+
+def test_a_training_run_with_detect_anomaly_names_the_op_when_the_loss_diverges(tmp_path, capsys):
+    import train
+
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    corpus.write_text(" ".join(["the", "king", "and", "queen"][i] for i in rng.integers(0, 4, 2000)) + "\n")
+    argv = ["--data", str(corpus), "--out-dir", str(tmp_path / "out"), "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+            "--block-size", "16", "--batch-size", "4", "--eval-iters", "1", "--sample-chars", "0", "--max-iters", "20",
+            "--learning-rate", "1e8", "--warmup-iters", "0", "--grad-clip", "0"]  # fmt: skip
+    assert train.main([*argv, "--detect-anomaly"]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "detect_anomaly:" in said and ("(forward)" in said or "(backward)" in said)
+    assert "gpt/model/transformer.py:" in said  # the model's line that called the op
+    assert autograd._observer is None
+    assert train.main([*argv, "--force"]) == 1  # without the flag: only the loss says so, later
+    assert "the loss became nan" in " ".join(capsys.readouterr().out.split())

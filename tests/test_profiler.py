@@ -148,3 +148,18 @@ def test_the_measured_peaks_are_positive_and_measured_once():
     assert debug.measure_gemm_peak(n=64, repeats=2) > 0
     assert debug.measure_gemm_peak(n=64, repeats=2) == debug.measure_gemm_peak(n=64, repeats=2)
     assert debug.measure_memory_bandwidth(nbytes=2**20, repeats=2) > 0
+
+
+def test_train_profiles_the_step_it_is_asked_to(tmp_path, capsys):
+    import train
+
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    corpus.write_text(" ".join(["the", "king", "and", "queen"][i] for i in rng.integers(0, 4, 2000)) + "\n")
+    argv = ["--data", str(corpus), "--out-dir", str(tmp_path / "out"), "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+            "--block-size", "16", "--batch-size", "4", "--eval-iters", "1", "--sample-chars", "0", "--max-iters", "3"]  # fmt: skip
+    assert train.main([*argv, "--profile", "1"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("everything else") == 1 and "MultiHeadAttention" in said and "optimizer" in said
+    assert train.main([*argv, "--profile", "3", "--force"]) == 1
+    assert "--profile: given 3, expected a step this run takes, from 0 to 2" in " ".join(capsys.readouterr().out.split())
