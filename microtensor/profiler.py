@@ -166,9 +166,10 @@ def count_flops(function, args, out_shape):
 _measured = {}  # what measure_gemm_peak and measure_memory_bandwidth found, by their arguments
 
 
-def measure_gemm_peak(n=512, dtype=np.float32, repeats=10):
+def measure_gemm_peak(n=512, dtype=np.float32, repeats=30):
     """FLOP/s of numpy's matrix product (BLAS) of two (n, n) matrices: the best of `repeats`, each
-    2 n³ FLOPs. Measured once per process and argument (a tenth of a second)."""
+    2 n³ FLOPs. Measured once per process and argument (a tenth of a second). The best, not the
+    median: other programs running at the same time only ever slow a run down."""
     key = ("gemm", n, np.dtype(dtype).name, repeats)
     if key not in _measured:
         rng = np.random.default_rng(0)
@@ -265,6 +266,7 @@ class ProfileReport:
         caption = (
             f"wall {self.wall_seconds * 1e3:.1f} ms; {self.flops / 1e9:.3f} GFLOP"
             + (f"; MFU {100 * self.mfu:.1f}% of numpy's GEMM peak, {peak / 1e9:.0f} GFLOP/s" if self.mfu is not None else "")
+            + (" (above 100%: the peak was measured while the machine was busy; give profile(gemm_peak=...))" if (self.mfu or 0) > 1 else "")
             + f"; saved for backward {self.saved_bytes / 2**20:.1f} MiB; peak of the ops' arrays {self.peak_bytes / 2**20:.1f} MiB"
             + f" (counted), process RSS peak {self.rss_peak_bytes / 2**20:.0f} MiB"
         )
