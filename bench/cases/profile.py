@@ -74,15 +74,16 @@ def _profile(steps, warmup):
     outside = mean_step_ms - sum(row["ms_per_step"] for row in rows)
     return {"steps": steps, "phases_ms": phases_ms, "mean_step_ms": mean_step_ms, "outside_functions_ms": outside, "functions": rows,
             "gflop_per_step": report.flops / steps / 1e9, "mfu": report.mfu, "gemm_peak_gflops": report.gemm_peak_flops_per_s / 1e9,
-            "saved_mib_per_step": report.saved_bytes / steps / 2**20}  # fmt: skip
+            "saved_mib_per_step": report.saved_bytes / steps / 2**20, "memory_gbs": debug.measure_memory_bandwidth() / 1e9}  # fmt: skip
 
 
 def sections(data, top=12):
     p = data["profile"]
     phases = p["phases_ms"]
     lines = [
-        f"`python bench/run.py profile`: each Function's forward and backward timed over {p['steps']} steps of the default "
-        f"recipe with the {p.get('kernels', 'fast')} kernels (the timers add a little to each call). Median step "
+        f"`python bench/run.py profile`: each Function's forward and backward measured by microtensor.debug.profile over "
+        f"{p['steps']} steps of the default recipe with the {p.get('kernels', 'fast')} kernels (the profiler adds a little to "
+        f"each call). Median step "
         f"{phases['step']:.1f} ms: forward {phases['forward']:.1f}, backward {phases['backward']:.1f}, optimizer "
         f"{phases['optimizer']:.1f}.",
         "",
@@ -101,6 +102,11 @@ def sections(data, top=12):
     if "mfu" in p:
         lines[0] += (f" {p['gflop_per_step']:.2f} GFLOP per step (counted from the shapes), MFU {100 * p['mfu']:.1f}% of numpy's "
                      f"GEMM peak ({p['gemm_peak_gflops']:.0f} GFLOP/s); {p['saved_mib_per_step']:.1f} MiB saved for backward.")
+    if "memory_gbs" in p:  # the roofline of docs/profiling.md: the ridge point, and which side of it each op is
+        ridge = p["gemm_peak_gflops"] / p["memory_gbs"]
+        lines[0] += (f" Roofline: a copy moves {p['memory_gbs']:.1f} GB/s, so the ridge point is {ridge:.0f} FLOP/byte; above it "
+                     + ", ".join(sorted({f"{r['function']} ({r['flop_per_byte']:.0f})" for r in rows if r.get('flop_per_byte') and r['flop_per_byte'] >= ridge}))
+                     + "; below it " + ", ".join(sorted({r["function"] for r in rows if r.get("flop_per_byte") and r["flop_per_byte"] < ridge})) + ".")
     if "outside_functions_ms" in p:
         lines.append(f"| everything else (the backward walk, Python between ops, the optimizer's loop) | | {p['outside_functions_ms']:.2f} | | |")
         lines.append(f"| the step (mean) | | {p['mean_step_ms']:.2f} | | |")
