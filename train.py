@@ -6,6 +6,7 @@
     python train.py --kernels readable                # the kernels you can read (and step through)
     python train.py --pos alibi --n-kv-head 1 --mlp moe --attention online --tokenizer bpe   # the variants
     python train.py --init-from out --data other.txt --lora-rank 8 --out-dir out-lora     # LoRA fine-tuning
+    python train.py --max-iters 11 --profile 10 --detect-anomaly   # step 10's profile; stop at the first NaN op
 
 Every gradient comes from microtensor's hand-written, gradient-checked backward functions.
 
