@@ -321,8 +321,11 @@ class profile(OpObserver):
     """
 
     def __init__(self, show=True, console=None, top=None, gemm_peak=None):
-        if gemm_peak is not None and (not isinstance(gemm_peak, (int, float)) or isinstance(gemm_peak, bool) or not gemm_peak > 0):
-            raise InputTypeError(f"profile: gemm_peak must be a positive number of FLOP/s, got {describe(gemm_peak)}")
+        if gemm_peak is not None:
+            if not isinstance(gemm_peak, (int, float)) or isinstance(gemm_peak, bool):
+                raise InputTypeError(f"profile: gemm_peak must be a number of FLOP/s (or None: measured), got {describe(gemm_peak)}")
+            if not gemm_peak > 0:
+                raise InputError(f"profile: gemm_peak must be a positive number of FLOP/s, got {gemm_peak}")
         self.show, self.console, self.top, self.gemm_peak = show, console, top, gemm_peak
         self.report = None
         self._phase = "forward"

@@ -138,6 +138,8 @@ def test_every_op_of_the_default_gpt_has_a_flop_rule():
 def test_bad_arguments_are_named():
     with pytest.raises(mt.InputTypeError, match="gemm_peak"):
         debug.profile(gemm_peak="fast")
+    with pytest.raises(mt.InputError, match="positive"):
+        debug.profile(gemm_peak=-1.0)
     with quiet() as prof:
         with pytest.raises(mt.InputError, match="phase"):
             with prof.phase("backward"):
