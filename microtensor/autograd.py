@@ -55,6 +55,10 @@ output's tangent beside it. Under forward mode `save_for_backward` keeps its arr
 input needs a gradient (the JVP rules read them), so reverse mode pays nothing for this; the rules
 are written with numpy (the readable reference: no fast twin). docs/forward-mode.md compares the
 two modes.
+
+Watchers. While `detect_anomaly()` (anomaly.py) or `debug.profile()` (profiler.py) runs, the
+module variable `_observer` holds it: `apply` hands it the whole call, and the walk runs each op's
+backward through it. Otherwise they cost one test of `_observer` per op and one per walk.
 """
 import os
 
