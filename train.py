@@ -6,6 +6,7 @@
     python train.py --kernels readable                # the kernels you can read (and step through)
     python train.py --pos alibi --n-kv-head 1 --mlp moe --attention online --tokenizer bpe   # the variants
     python train.py --init-from out --data other.txt --lora-rank 8 --out-dir out-lora     # LoRA fine-tuning
+    python train.py --max-iters 11 --profile 10 --detect-anomaly   # step 10's profile; stop at the first NaN op
 
 Every gradient comes from microtensor's hand-written, gradient-checked backward functions.
 
@@ -99,6 +100,7 @@ def build_parser():
         help="characters to sample at the end (0: none), at temperature 0.8 with --seed as the sampling seed; "
         "generate.py's default seed is another, so its first sample is not this text again",
     )  # fmt: skip
+    cli.add_debugging_flags(p)  # --detect-anomaly, --profile N
     return p
 
 
@@ -129,6 +131,7 @@ def train(args, explicit=None):
     with mt.using_kernels(args.kernels), run.handling_signals():
         setup = training.set_up(args, explicit, run)  # model, optimizer, tokenizer, batches, history, random states
         model, optimizer, batches, config = setup.model, setup.optimizer, setup.batches, setup.config
+        cli.check_debugging_flags(args, setup.start)
         if setup.fine_tuning is not None and setup.start == 0:  # where the fine-tuning starts from
             setup.initial = estimate_loss(model, batches, args, 0)
             if args.max_iters > 0:
@@ -151,25 +154,27 @@ def train(args, explicit=None):
                 lr = optim.cosine_with_warmup(iteration, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                x, y = batches.get("train", args.batch_size, setup.batch_rng)
-                logits, loss = model(mt.tensor(x), mt.tensor(y))
-                loss_value = loss.item()  # the language model's loss, without the experts' balancing term
-                if config.mlp == "moe":
-                    tokens_per_expert += model.tokens_per_expert()
-                    if args.moe_aux_weight:
-                        loss = loss + args.moe_aux_weight * model.moe_aux_loss()
-                if not math.isfinite(loss_value):
-                    raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
-                setup.history.losses.append(loss_value)
-                loss.backward()
-                # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
-                # step. Dropped now, not when the next forward rebinds the names, so that two graphs
-                # never coexist at the peak.
-                del logits, loss
-                if args.grad_clip > 0:
-                    optim.clip_grad_norm(setup.trainable, args.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad()  # the gradients go as soon as the step has used them, not during the next forward
+                with cli.StepWatch(args, iteration, progress.console) as watch:  # --detect-anomaly, --profile N
+                    x, y = batches.get("train", args.batch_size, setup.batch_rng)
+                    logits, loss = model(mt.tensor(x), mt.tensor(y))
+                    loss_value = loss.item()  # the language model's loss, without the experts' balancing term
+                    if config.mlp == "moe":
+                        tokens_per_expert += model.tokens_per_expert()
+                        if args.moe_aux_weight:
+                            loss = loss + args.moe_aux_weight * model.moe_aux_loss()
+                    if not math.isfinite(loss_value):
+                        raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
+                    setup.history.losses.append(loss_value)
+                    loss.backward()
+                    # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
+                    # step. Dropped now, not when the next forward rebinds the names, so that two graphs
+                    # never coexist at the peak.
+                    del logits, loss
+                    with watch.phase("optimizer"):
+                        if args.grad_clip > 0:
+                            optim.clip_grad_norm(setup.trainable, args.grad_clip)
+                        optimizer.step()
+                        optimizer.zero_grad()  # the gradients go as soon as the step has used them, not during the next forward
                 train_time += time.perf_counter() - step_start
                 if time.perf_counter() - last_shown > 0.25 or iteration == args.max_iters - 1:
                     done = iteration + 1 - setup.start

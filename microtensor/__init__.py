@@ -16,7 +16,9 @@ gradient checkpointing: `checkpoint`),
 `kernels.py` (the switch between the readable kernels and the fast ones in `fast/` and
 `fast/electives/`), `functional.py` (the ops as functions), `nn.py` (modules, and the sinusoidal
 position table), `optim.py` (optimizers), `gradcheck.py` (finite differences), `checks.py` (every
-input check, and the dtypes), `errors.py` (the errors they raise).
+input check, and the dtypes), `errors.py` (the errors they raise), `anomaly.py` (detect_anomaly:
+the first op to make a NaN or inf) and `profiler.py` (time, FLOPs and memory per op, as
+`microtensor.debug.profile`).
 
 Importing microtensor changes nothing outside it: no environment variable, no thread count, no
 allocator setting (see `fast/process.py` for the settings a training program may ask for).
@@ -29,6 +31,7 @@ import numpy as np
 from .tensor import Tensor, get_default_dtype, set_default_dtype
 from . import checks, func, functional, nn, optim
 from .autograd import Function, is_grad_enabled, jvp, no_grad, unbroadcast
+from .anomaly import AnomalyError, detect_anomaly
 from .checks import FLOAT_DTYPES, allocate as _allocate, as_dtype as _as_dtype, bool_, check_flag as _check_flag, float32, float64, int64
 from .errors import AllocationError, GraphError, InputError, InputIndexError, InputTypeError, MicrotensorError, StateDictError, ThreadingError
 from .gradcheck import GradcheckError, GradcheckReport, JvpcheckError, dot_product_check, gradcheck, gradcheck_case, gradcheck_report, jvpcheck

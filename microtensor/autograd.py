@@ -55,6 +55,10 @@ output's tangent beside it. Under forward mode `save_for_backward` keeps its arr
 input needs a gradient (the JVP rules read them), so reverse mode pays nothing for this; the rules
 are written with numpy (the readable reference: no fast twin). docs/forward-mode.md compares the
 two modes.
+
+Watchers. While `detect_anomaly()` (anomaly.py) or `debug.profile()` (profiler.py) runs, the
+module variable `_observer` holds it: `apply` hands it the whole call, and the walk runs each op's
+backward through it. Otherwise they cost one test of `_observer` per op and one per walk.
 """
 import os
 
@@ -67,6 +71,9 @@ from .tensor import Tensor
 
 _grad_enabled = True
 _forward_tangents = None  # while jvp() runs: {id(tensor): (tensor, its tangent array)}; None otherwise
+# While detect_anomaly() or profile() runs (microtensor/anomaly.py, profiler.py): the object that
+# watches every op, with `apply(function, args, kwargs)` and `backward_op(ctx, grad_out)`; None otherwise.
+_observer = None
 
 
 def is_grad_enabled():
@@ -111,6 +118,8 @@ class Context:
     are set as plain attributes (`ctx.dim = dim`). When no input needs a gradient the context is
     thrown away with the call and `save_for_backward` keeps nothing.
     """
+
+    created_at = None  # where in the user's code the op was called ("file:line in function"): set under detect_anomaly() only
 
     def __init__(self, function, inputs, needs_input_grad, requires_grad):
         self.function = function  # the Function subclass that made the output
@@ -179,6 +188,8 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        if _observer is not None:  # detect_anomaly() or profile(): it runs this apply and watches it
+            return _observer.apply(cls, args, kwargs)
         needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         requires_grad = _grad_enabled and any(needs_input_grad)
         ctx = Context(cls, args, needs_input_grad, requires_grad)
@@ -476,7 +487,8 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
     A tensor's hooks (`register_hook`) run when its gradient is complete: after every op that uses
     it has sent its part, before the gradient goes on (or into `.grad`). `run_op(ctx, grad_out)`, when
     given, is called instead of `ctx.function.backward(ctx, grad_out)` and must return what that
-    returns: the tracer in microtensor/debug.py times and measures each op through it."""
+    returns: the tracer in microtensor/debug.py times and measures each op through it, and so do
+    detect_anomaly() and profile() when no run_op is given."""
     retain_graph = check_flag("backward", "retain_graph", retain_graph)
     if run_op is not None and not callable(run_op):
         raise InputTypeError(f"backward: run_op must be a function (ctx, grad_out) -> gradients, got {describe(run_op)}")
@@ -486,6 +498,8 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
             "had requires_grad=True, or it was computed under no_grad())"
         )
     grad = _root_gradient(root, grad)
+    if run_op is None and _observer is not None:  # detect_anomaly() or profile() watches each op's backward
+        run_op = _observer.backward_op
 
     grads = {id(root): grad}  # gradients that have reached a tensor, not yet passed on
     for tensor in reversed(topological_order(root)):

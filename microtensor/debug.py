@@ -6,6 +6,7 @@
     debug.show_graph(loss)                        # the graph behind `loss`, as a tree
     print(debug.to_dot(loss))                     # the same graph in Graphviz's DOT language
     debug.render(loss, "graph.svg")               # drawn, where Graphviz is installed
+    with debug.profile() as prof: ...             # time, FLOPs and memory per op and phase (profiler.py)
 
 The graph is made of `Context`s (`tensor.grad_fn`): each holds the Function that made a tensor,
 its inputs and the arrays it saved. The tracer runs the real engine (`autograd.backward`) and only
@@ -28,6 +29,7 @@ from rich.tree import Tree
 from . import autograd
 from .checks import describe
 from .errors import InputError, InputIndexError, InputTypeError, MicrotensorError
+from .profiler import OpStats, ProfileReport, measure_gemm_peak, measure_memory_bandwidth, profile  # noqa: F401 (the profiler's public names)
 from .tensor import Tensor
 
 

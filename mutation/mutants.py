@@ -950,4 +950,26 @@ MUTANTS = [
         "tests/electives/test_checkpointing.py -k changed_in_place",
         why="an input changed in place after forward goes unnoticed, and fn runs again on values forward never saw",
     ),
+    # ----------------------------------------------------------------------------- anomaly mode and the profiler
+    Mutant(
+        "anomaly.first_gradient_only", "microtensor/anomaly.py",
+        "for index, grad in enumerate(listed):",
+        "for index, grad in enumerate(listed[:1]):",
+        "tests/test_anomaly.py -k second_input",
+        why="anomaly mode checks only the gradient of an op's first input: a bad divisor's gradient goes unnamed",
+    ),
+    Mutant(
+        "profiler.matmul_inner_dim", "microtensor/profiler.py",
+        "k = a[-1] if len(a) else 1",
+        "k = a[-2] if len(a) > 1 else 1",
+        "tests/test_profiler.py -k matmul_is_counted",
+        why="the matmul's FLOPs counted with a's rows instead of the contracted dimension",
+    ),
+    Mutant(
+        "profiler.saved_parameters_counted", "microtensor/profiler.py",
+        "if isinstance(a, Tensor) and a._ctx is None]",
+        "if isinstance(a, Tensor) and a._ctx is not None]",
+        "tests/test_profiler.py -k \"matmul_is_counted or saved_for_backward\"",
+        why="the bytes saved for backward count the parameters an op saves, which checkpointing cannot trade away",
+    ),
 ]

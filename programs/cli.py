@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import microtensor as mt
+import microtensor.debug
 from microtensor import MicrotensorError
 from gpt.model.transformer import ConfigError
 
@@ -95,6 +96,54 @@ def add_kernels_argument(parser, group):
         "a step frees for the next step, and OpenMP's threads spin a while after each kernel "
         "(GOMP_SPINCOUNT, unless you set it)",
     )  # fmt: skip
+
+
+def add_debugging_flags(parser):
+    """--detect-anomaly and --profile N (docs/debugging.md, docs/profiling.md)."""
+    group = parser.add_argument_group("debugging")
+    group.add_argument(
+        "--detect-anomaly", action="store_true",
+        help="train inside microtensor.detect_anomaly(): the first op whose forward or backward makes a NaN or an "
+        "infinity stops the run, naming the op, the array at fault and the line of the model that called it "
+        "(several times slower: for finding where a diverging run goes wrong)",
+    )  # fmt: skip
+    group.add_argument(
+        "--profile", type=int, default=None, metavar="N",
+        help="print microtensor.debug.profile's table for step N (counted from 0): time, FLOPs, GFLOP/s, "
+        "FLOP/byte and the memory saved for backward per op and phase, and the step's MFU",
+    )  # fmt: skip
+
+
+def check_debugging_flags(args, start):
+    """--profile N must name a step the run will take (from `start`, where a resumed run begins)."""
+    if args.profile is not None and not start <= args.profile < args.max_iters:
+        raise FlagError("profile", args.profile, f"a step this run takes, from {start} to {args.max_iters - 1} (--max-iters {args.max_iters})")
+
+
+class StepWatch:
+    """What --detect-anomaly and --profile put around one training step: `with watch:` around the
+    step, `with watch.phase("optimizer"):` around the optimizer (a name in the profile's table)."""
+
+    def __init__(self, args, iteration, console):
+        self.watchers = []
+        if args.detect_anomaly:
+            self.watchers.append(mt.detect_anomaly())
+        self.profiler = microtensor.debug.profile(console=console) if args.profile == iteration else None
+        if self.profiler is not None:
+            self.watchers.append(self.profiler)
+        self._stack = None
+
+    def __enter__(self):
+        self._stack = contextlib.ExitStack()
+        for watcher in self.watchers:
+            self._stack.enter_context(watcher)
+        return self
+
+    def __exit__(self, *exc_info):
+        return self._stack.__exit__(*exc_info)
+
+    def phase(self, name):
+        return self.profiler.phase(name) if self.profiler is not None else contextlib.nullcontext()
 
 
 def runnable_kernel_set(name):

@@ -1,12 +1,13 @@
 """Where a training step's time goes: each Function's forward and backward, per step.
 
-Every Function subclass's forward and backward is wrapped in a timer for the length of the run
-(nothing in microtensor itself changes), the default recipe trains for --steps steps after a
-warm-up with the kernel set --kernels, and a table gives, per Function, milliseconds per step,
-calls per step and µs per call, largest first. What no Function accounts for (the backward walk,
+A thin user of microtensor.debug.profile: the default recipe trains for --steps steps after a
+warm-up with the kernel set --kernels, inside one profile (the optimizer as a phase of its own), and
+a table gives, per Function, milliseconds per step, calls per step and µs per call, largest first,
+with the FLOPs the profile counts from the shapes. What no Function accounts for (the backward walk,
 gradient accumulation, Python between ops, the optimizer's own kernels) is the difference between
 the step and the sum of the rows: the row "everything else".
 """
+import contextlib
 import statistics
 import time
 from collections import defaultdict
@@ -14,52 +15,13 @@ from collections import defaultdict
 import numpy as np
 
 import microtensor as mt
+import microtensor.debug as debug
 from microtensor import optim
-from microtensor.autograd import Function
+from microtensor.profiler import OUTSIDE_OPS
 from gpt.model.transformer import GPT, GPTConfig
 
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 12
-
-
-def all_functions(cls=Function):
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from all_functions(sub)
-
-
-class FunctionTimers:
-    """Seconds and calls per (Function name, "forward" | "backward"), while installed."""
-
-    def __init__(self):
-        self.seconds, self.calls, self.originals = defaultdict(float), defaultdict(int), []
-
-    def _timed(self, key, method):
-        def run(*args, **kwargs):
-            start = time.perf_counter()
-            result = method(*args, **kwargs)
-            self.seconds[key] += time.perf_counter() - start
-            self.calls[key] += 1
-            return result
-
-        return staticmethod(run)
-
-    def install(self):
-        for cls in set(all_functions()):
-            for phase in ("forward", "backward"):
-                if phase in vars(cls):
-                    self.originals.append((cls, phase, vars(cls)[phase]))
-                    setattr(cls, phase, self._timed((cls.__name__, phase), getattr(cls, phase)))
-
-    def uninstall(self):
-        for cls, phase, original in reversed(self.originals):
-            setattr(cls, phase, original)
-        self.originals.clear()
-
-    def reset(self):
-        self.seconds.clear()
-        self.calls.clear()
-
 
 def options(p):
     p.add_argument("--steps", type=int, default=40, help="timed training steps")
@@ -79,46 +41,49 @@ def _profile(steps, warmup):
     model = GPT(GPTConfig(**RECIPE))
     opt = optim.AdamW(optim.weight_decay_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
     rng = np.random.default_rng(0)
-    timers = FunctionTimers()
-    timers.install()
     phases = defaultdict(list)
-    try:
-        for step in range(warmup + steps):
-            if step == warmup:
-                timers.reset()
-            x, y = (rng.integers(0, RECIPE["vocab_size"], (BATCH, RECIPE["block_size"])) for _ in range(2))
-            t0 = time.perf_counter()
-            _, loss = model(mt.tensor(x), mt.tensor(y))
-            t1 = time.perf_counter()
-            opt.zero_grad()
-            loss.backward()
-            t2 = time.perf_counter()
+
+    def step(optimizer_phase):
+        x, y = (rng.integers(0, RECIPE["vocab_size"], (BATCH, RECIPE["block_size"])) for _ in range(2))
+        t0 = time.perf_counter()
+        _, loss = model(mt.tensor(x), mt.tensor(y))
+        t1 = time.perf_counter()
+        opt.zero_grad()
+        loss.backward()
+        t2 = time.perf_counter()
+        with optimizer_phase:
             optim.clip_grad_norm(model.parameters(), 1.0)
             opt.step()
-            t3 = time.perf_counter()
-            if step >= warmup:
-                for name, seconds in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2), ("step", t3 - t0)):
-                    phases[name].append(seconds)
-    finally:
-        timers.uninstall()
+        t3 = time.perf_counter()
+        return (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2), ("step", t3 - t0))
+
+    for _ in range(warmup):
+        step(contextlib.nullcontext())
+    with debug.profile(show=False) as profiler:
+        for _ in range(steps):
+            for name, seconds in step(profiler.phase("optimizer")):
+                phases[name].append(seconds)
+    report = profiler.report
     rows = [
-        {"function": name, "phase": phase, "ms_per_step": seconds / steps * 1e3, "calls_per_step": timers.calls[(name, phase)] / steps,
-         "us_per_call": seconds / timers.calls[(name, phase)] * 1e6}
-        for (name, phase), seconds in timers.seconds.items()
+        {"function": r.op, "phase": r.phase, "ms_per_step": r.seconds / steps * 1e3, "calls_per_step": r.calls / steps,
+         "us_per_call": r.seconds / r.calls * 1e6, "gflops_per_s": r.gflops_per_s, "flop_per_byte": r.intensity}
+        for r in report.rows if r.op != OUTSIDE_OPS
     ]  # fmt: skip
-    rows.sort(key=lambda row: -row["ms_per_step"])
     phases_ms = {k: statistics.median(v) * 1e3 for k, v in phases.items()}
     mean_step_ms = sum(phases["step"]) / steps * 1e3  # the rows are means per step: compare them with the mean
     outside = mean_step_ms - sum(row["ms_per_step"] for row in rows)
-    return {"steps": steps, "phases_ms": phases_ms, "mean_step_ms": mean_step_ms, "outside_functions_ms": outside, "functions": rows}
+    return {"steps": steps, "phases_ms": phases_ms, "mean_step_ms": mean_step_ms, "outside_functions_ms": outside, "functions": rows,
+            "gflop_per_step": report.flops / steps / 1e9, "mfu": report.mfu, "gemm_peak_gflops": report.gemm_peak_flops_per_s / 1e9,
+            "saved_mib_per_step": report.saved_bytes / steps / 2**20, "memory_gbs": debug.measure_memory_bandwidth() / 1e9}  # fmt: skip
 
 
 def sections(data, top=12):
     p = data["profile"]
     phases = p["phases_ms"]
     lines = [
-        f"`python bench/run.py profile`: each Function's forward and backward timed over {p['steps']} steps of the default "
-        f"recipe with the {p.get('kernels', 'fast')} kernels (the timers add a little to each call). Median step "
+        f"`python bench/run.py profile`: each Function's forward and backward measured by microtensor.debug.profile over "
+        f"{p['steps']} steps of the default recipe with the {p.get('kernels', 'fast')} kernels (the profiler adds a little to "
+        f"each call). Median step "
         f"{phases['step']:.1f} ms: forward {phases['forward']:.1f}, backward {phases['backward']:.1f}, optimizer "
         f"{phases['optimizer']:.1f}.",
         "",
@@ -134,6 +99,14 @@ def sections(data, top=12):
     if rest:
         lines.append(f"| {len(rest)} more rows | | {sum(r['ms_per_step'] for r in rest):.2f} | | |")
     lines.append(f"| all Functions | | {sum(r['ms_per_step'] for r in rows):.2f} | | |")
+    if "mfu" in p:
+        lines[0] += (f" {p['gflop_per_step']:.2f} GFLOP per step (counted from the shapes), MFU {100 * p['mfu']:.1f}% of numpy's "
+                     f"GEMM peak ({p['gemm_peak_gflops']:.0f} GFLOP/s); {p['saved_mib_per_step']:.1f} MiB saved for backward.")
+    if "memory_gbs" in p:  # the roofline of docs/profiling.md: the ridge point, and which side of it each op is
+        ridge = p["gemm_peak_gflops"] / p["memory_gbs"]
+        lines[0] += (f" Roofline: a copy moves {p['memory_gbs']:.1f} GB/s, so the ridge point is {ridge:.0f} FLOP/byte; above it "
+                     + ", ".join(sorted({f"{r['function']} ({r['flop_per_byte']:.0f})" for r in rows if r.get('flop_per_byte') and r['flop_per_byte'] >= ridge}))
+                     + "; below it " + ", ".join(sorted({r["function"] for r in rows if r.get("flop_per_byte") and r["flop_per_byte"] < ridge})) + ".")
     if "outside_functions_ms" in p:
         lines.append(f"| everything else (the backward walk, Python between ops, the optimizer's loop) | | {p['outside_functions_ms']:.2f} | | |")
         lines.append(f"| the step (mean) | | {p['mean_step_ms']:.2f} | | |")
