@@ -35,6 +35,10 @@ from microtensor import InputError, InputTypeError, nn
 from microtensor.checks import is_integer, is_real_number
 
 SINGLE_THREAD_TOKENS = 16  # steps over at most this many tokens run the kernels on one thread
+# At most this many new tokens per sequence that continue a cache go through the fast set's decode
+# kernel (its products share each weight read among them); a prompt or a rebuilt window, an empty
+# cache, goes through the modules, whose products use every thread.
+KERNEL_TOKENS = 16
 
 
 def window_start(length, start, block_size):
@@ -117,9 +121,10 @@ class Decoder:
             # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
             with mt.num_threads(1 if window.size <= SINGLE_THREAD_TOKENS else None):
                 logits = model(window)[0].data[:, self.fed :]  # (B, m, V)
-        elif new_tokens.shape[1] == 1 and self.kernel is not None:
-            # one token per sequence: one kernel over every layer replaces its trip through the modules
-            logits = self.kernel.decode(self.kernel_weights, new_tokens[:, 0], self.fed, self.keys, self.values)[:, None]
+        elif self.kernel is not None and self.fed > 0 and new_tokens.shape[1] <= KERNEL_TOKENS:
+            # a few tokens that continue the cache (one per step, or a speculative round's k + 1):
+            # one kernel over every layer replaces their trip through the modules
+            logits = self.kernel.decode(self.kernel_weights, new_tokens, self.fed, self.keys, self.values)  # (B, m, V)
         else:
             for cache in self.caches:
                 cache.length = self.fed  # a moved window or a rollback starts writing here
