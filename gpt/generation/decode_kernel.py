@@ -191,7 +191,8 @@ def can_run(model):
     every layer's answer. The kernel reads each layer's weight (floats or quantized codes) and bias
     only, so a layer that computes something else from them (gpt/model/electives/lora.py's adapter
     adds a low-rank product) answers no with `fits_decode_kernel = False`."""
-    return decode_kernel_fits(model.config) and all(getattr(layer, "fits_decode_kernel", True) for layer in model.modules())
+    # asked of the class: a module's own lookup of a missing name would search for a close match to suggest
+    return decode_kernel_fits(model.config) and all(getattr(type(layer), "fits_decode_kernel", True) for layer in model.modules())
 
 
 def weight_form(weight):
@@ -354,27 +355,52 @@ def decode(weights, tokens, position, keys, values):
     other dim of the caches against the weights, and the positions inside the caches and the
     position table.
     """
+    one_per_sequence = np.ndim(tokens) == 1
+    tokens = checked("decode", weights, tokens, position, 0, keys, values)  # (B, n) int64
+    logits = np.empty((tokens.shape[0], tokens.shape[1], weights.lm_head_bias.shape[0]), dtype=weights.ln_f_weight.dtype)
+    step = compiled_step(weights) if keys.flags.c_contiguous and values.flags.c_contiguous else decode_step
+    step(tokens, int(position), weights, keys, values, logits)
+    return logits[:, 0] if one_per_sequence else logits
+
+
+def decode_greedy(weights, tokens, position, steps, keys, values):
+    """Greedy decoding's inner loop in one call: tokens (B, n) as `decode` takes them, then `steps`
+    tokens chosen one after another, each the argmax of the logits before it (ties: the lower id,
+    as numpy's argmax), each fed in turn but the last. Returns (chosen (B, steps) int64, the logits
+    each was chosen from (B, steps, V)). The caches then hold position .. position + n + steps - 2."""
+    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise InputError(f"decode_greedy: steps must be an int >= 1, got {steps!r}")
+    tokens = checked("decode_greedy", weights, tokens, position, int(steps) - 1, keys, values)
+    B, V = tokens.shape[0], weights.lm_head_bias.shape[0]
+    chosen = np.empty((B, int(steps)), np.int64)
+    logits = np.empty((B, int(steps), V), dtype=weights.ln_f_weight.dtype)
+    greedy_steps(tokens, int(position), weights, keys, values, chosen, logits)
+    return chosen, logits
+
+
+def checked(where, weights, tokens, position, more, keys, values):
+    """decode's checks, for n tokens at `position` and `more` after them: returns the tokens as a
+    (B, n) int64 array (a (B,) array is one token per sequence)."""
     if not isinstance(weights, DecodeWeights):
-        raise InputTypeError(f"decode: weights must be a DecodeWeights (from decode_weights(model)), got {type(weights).__name__}")
+        raise InputTypeError(f"{where}: weights must be a DecodeWeights (from decode_weights(model)), got {type(weights).__name__}")
     dtype = weights.ln_f_weight.dtype
     tokens = np.asarray(tokens)
-    one_per_sequence = tokens.ndim == 1
     if tokens.dtype.kind not in "iu" or tokens.ndim not in (1, 2) or 0 in tokens.shape:
-        raise InputError(f"decode: tokens must be (B,) integer ids, or (B, n) for n new tokens per sequence, with B, n >= 1, got {tokens.dtype} of shape {tokens.shape}")
-    tokens = tokens[:, None] if one_per_sequence else tokens  # (B, n)
+        raise InputError(f"{where}: tokens must be (B,) integer ids, or (B, n) for n new tokens per sequence, with B, n >= 1, got {tokens.dtype} of shape {tokens.shape}")
+    tokens = tokens[:, None] if tokens.ndim == 1 else tokens  # (B, n)
     vocab = weights.lm_head_bias.shape[0]
     if tokens.min() < 0 or tokens.max() >= vocab:
         bad = tokens[(tokens < 0) | (tokens >= vocab)][0]
-        raise InputError(f"decode: token id {bad} is outside the vocabulary; ids must be in [0, {vocab})")
+        raise InputError(f"{where}: token id {bad} is outside the vocabulary; ids must be in [0, {vocab})")
     L, C = weights.ln_1_weight.shape
     H, Hk = weights.n_head, weights.n_kv_head
     expected = (L, tokens.shape[0], Hk, None, C // H)
     for name, cache in (("keys", keys), ("values", values)):
         if not isinstance(cache, np.ndarray) or cache.dtype != dtype or not cache.flags.writeable:
-            raise InputTypeError(f"decode: {name} must be a writeable {dtype} array, got {type(cache).__name__} {getattr(cache, 'dtype', '')}")
+            raise InputTypeError(f"{where}: {name} must be a writeable {dtype} array, got {type(cache).__name__} {getattr(cache, 'dtype', '')}")
         if cache.ndim != 5 or cache.shape[:3] + cache.shape[4:] != expected[:3] + expected[4:] or cache.shape != keys.shape:
             raise InputError(
-                f"decode: {name} has shape {cache.shape}, expected (n_layer, B, n_kv_head, block_size, head size) = "
+                f"{where}: {name} has shape {cache.shape}, expected (n_layer, B, n_kv_head, block_size, head size) = "
                 f"{expected} with B = {tokens.shape[0]} tokens at each new position, and keys and values of one shape"
             )
     # rows of the position table; ALiBi has none, its bias depends on distances only
@@ -384,16 +410,57 @@ def decode(weights, tokens, position, keys, values):
         table_rows = max(weights.wpe.floats.shape[0], weights.wpe.int8.shape[0], weights.wpe.int4.shape[0])  # the form it has
     else:
         table_rows = keys.shape[3]
-    limit = min(keys.shape[3], table_rows) - tokens.shape[1] + 1  # the last new token must fit too
+    fed = tokens.shape[1] + more
+    limit = min(keys.shape[3], table_rows) - fed + 1  # the last token fed must fit too
     if not isinstance(position, (int, np.integer)) or isinstance(position, (bool, np.bool_)) or not 0 <= position < limit:
         raise InputError(
-            f"decode: position {position!r} is outside the cache of {keys.shape[3]} positions "
-            f"(or the position table of {table_rows} rows) for {tokens.shape[1]} new token(s) from it; expected an int in [0, {max(limit, 0)})"
+            f"{where}: position {position!r} is outside the cache of {keys.shape[3]} positions "
+            f"(or the position table of {table_rows} rows) for {fed} token(s) fed from it; expected an int in [0, {max(limit, 0)})"
         )
-    tokens = np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
-    logits = np.empty((tokens.shape[0], tokens.shape[1], vocab), dtype=dtype)
-    decode_step(tokens, int(position), weights, keys, values, logits)
-    return logits[:, 0] if one_per_sequence else logits
+    return np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
+
+
+COMPILED_KEPT = 8  # the DecodeWeights whose compiled step is remembered (a generation holds one or two)
+_compiled = {}  # id(weights) -> (weights, decode_step compiled for their types)
+_compiled_by_kind = {}  # kind_of(weights) -> decode_step compiled for such weights
+
+
+def compiled_step(weights):
+    """decode_step's compiled version for these weights, to call directly. Numba's dispatcher works
+    out the type of every argument on each call to choose the version to run; DecodeWeights holds
+    some 70 arrays, and that costs more than a small model's token. The arrays `decode` passes with
+    the weights always have the same types (int64 tokens, C-contiguous caches and logits of the
+    weights' float type), so the version is found once per DecodeWeights (by `kind_of`, which
+    names everything its type depends on) and kept with them, alive, so that their id names them alone."""
+    known = _compiled.get(id(weights))
+    if known is not None and known[0] is weights:
+        return known[1]
+    if not hasattr(decode_step, "overloads"):  # the JIT is off: the plain function
+        return decode_step
+    kind = kind_of(weights)
+    if kind not in _compiled_by_kind:
+        dtype = weights.ln_f_weight.dtype
+        L, C = weights.ln_1_weight.shape
+        keys = np.zeros((L, 1, weights.n_kv_head, 1, C // weights.n_head), dtype)  # arrays of the types decode passes
+        example = (np.zeros((1, 1), np.int64), 0, weights, keys, keys.copy(), np.zeros((1, 1, weights.lm_head_bias.shape[0]), dtype))
+        types = tuple(decode_step.typeof_pyval(argument) for argument in example)
+        if types not in decode_step.overloads:
+            decode_step.compile(types)
+        _compiled_by_kind[kind] = decode_step.overloads[types].entry_point
+    while len(_compiled) >= COMPILED_KEPT:
+        _compiled.pop(next(iter(_compiled)))  # the oldest
+    _compiled[id(weights)] = weights, _compiled_by_kind[kind]
+    return _compiled_by_kind[kind]
+
+
+def kind_of(value):
+    """What Numba's type of a DecodeWeights depends on, leaf by leaf: each array's dtype, dims, layout
+    and flags, and each other value's Python type (nested tuples followed)."""
+    if isinstance(value, tuple):
+        return tuple(kind_of(item) for item in value)
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.ndim, value.flags.c_contiguous, value.flags.writeable, value.flags.aligned
+    return type(value)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -495,6 +562,27 @@ def decode_step(tokens, position, w, keys, values, logits):
         for r in range(n):
             norm_row(x[r], w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed[r])
         linear(normed, w.lm_head, 0, w.lm_head_bias, logits[b])
+
+
+@kernel(tag=FAST)
+def greedy_steps(tokens, position, w, keys, values, chosen, logits):
+    """tokens (B, n) through `decode_step` at `position`, then one token per step, each the argmax of
+    the last logits; chosen (B, steps) and logits (B, steps, V) are written (see `decode_greedy`).
+    One call for the whole loop: no Python between the steps."""
+    B, n = tokens.shape
+    steps, V = chosen.shape[1], logits.shape[2]
+    first = np.empty((B, n, V), logits.dtype)  # the logits of the n tokens
+    decode_step(tokens, position, w, keys, values, first)
+    last = np.empty((B, 1, V), logits.dtype)  # the logits the next token is chosen from
+    last[:, 0] = first[:, n - 1]
+    token = np.empty((B, 1), np.int64)  # the token of the next step
+    for s in range(steps):
+        if s > 0:
+            decode_step(token, position + n + s - 1, w, keys, values, last)
+        for b in range(B):
+            logits[b, s] = last[b, 0]
+            chosen[b, s] = np.argmax(last[b, 0])
+            token[b, 0] = chosen[b, s]
 
 
 @kernel(tag=FAST)

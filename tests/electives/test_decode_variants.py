@@ -100,8 +100,8 @@ def test_the_decode_kernel_gives_the_module_path_tokens_logits_and_caches(option
     assert decode_kernel_fits(model.config)
     kernel_steps, kernel_calls = generation(model, monkeypatch, use_decode_kernel=True)
     module_steps, module_calls = generation(model, monkeypatch, use_decode_kernel=False)
-    # every step but the first of each window (the prompt, then the 8 tokens each rebuild keeps)
-    assert kernel_calls == NEW_TOKENS - 3
+    # every step, the first of each window too (the prompt, then the 8 tokens each rebuild keeps)
+    assert kernel_calls == NEW_TOKENS
     assert module_calls == 0
     assert len(kernel_steps) == len(module_steps) == NEW_TOKENS
     for step, (kernel, module) in enumerate(zip(kernel_steps, module_steps)):
@@ -220,3 +220,26 @@ def test_several_new_tokens_in_one_step_equal_the_module_forward(options):
     for layer, cache in enumerate(module_caches):
         assert_close(f"layer {layer}'s keys", keys[layer, :, :, :11], cache.k[:, :, :11], CROSS_SET_TOLERANCE[mt.float64])
         assert_close(f"layer {layer}'s values", values[layer, :, :, :11], cache.v[:, :, :11], CROSS_SET_TOLERANCE[mt.float64])
+
+
+@pytest.mark.parametrize("options", [{}, VARIANTS[4], VARIANTS[5]], ids=["default", VARIANT_IDS[4], VARIANT_IDS[5]])
+def test_greedy_steps_in_one_call_equal_feeding_the_argmax_in_turn(options):
+    """decode_greedy (speculative decoding's greedy draft): the tokens of feeding each argmax back in
+    turn with decode, the logits each was chosen from, and the same cache."""
+    from gpt.generation.decode_kernel import decode, decode_greedy, decode_weights
+
+    model = perturbed(mt.float64, **options)
+    weights = decode_weights(model)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    keys, values = model.new_cache_arrays(2)
+    chosen, logits = decode_greedy(weights, prompt, 0, 6, keys, values)
+    expected_keys, expected_values = model.new_cache_arrays(2)
+    step_logits = decode(weights, prompt, 0, expected_keys, expected_values)[:, -1]
+    for step in range(6):
+        token = step_logits.argmax(axis=-1)
+        np.testing.assert_array_equal(chosen[:, step], token, err_msg=f"step {step}")
+        assert_close(f"the logits of step {step}", logits[:, step], step_logits, 1e-12)
+        if step < 5:
+            step_logits = decode(weights, token, 3 + step, expected_keys, expected_values)
+    assert_close("the keys", keys[:, :, :, :8], expected_keys[:, :, :, :8], 1e-12)
+    assert_close("the values", values[:, :, :, :8], expected_values[:, :, :, :8], 1e-12)
