@@ -420,7 +420,7 @@ def checked(where, weights, tokens, position, more, keys, values):
     return np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
 
 
-COMPILED_KEPT = 8  # the DecodeWeights whose compiled step is remembered (a generation holds one or two)
+COMPILED_KEPT = 2  # the DecodeWeights whose compiled step is remembered: a generation holds one or two, and older ones are freed
 _compiled = {}  # id(weights) -> (weights, decode_step compiled for their types)
 _compiled_by_kind = {}  # kind_of(weights) -> decode_step compiled for such weights
 
