@@ -646,29 +646,39 @@ def rows_times_int4_matrix(x, packed, scale, group_size, out):
     """out (n, N) += x (n, K) @ Ŵ, Ŵ[k, j] = scale[k // G, j] q[k, j], the codes q packed two per byte
     (packed (ceil(K/2), N): row k in byte row k // 2, shifted by 4 (k mod 2), stored as q + 8).
 
-    Each row k of codes is unpacked into floats once (a shift, a mask, a subtraction and a conversion
-    per code, vectorized along the row), then used by every row of x; each group's sums are gathered
-    apart and added times the group's scales, so a scale multiplies once per group and output."""
+    The codes are unpacked inside the multiply-adds: two byte rows (four rows of codes) per pass
+    along the row, a mask or a shift, a subtraction and a conversion per code, vectorized; each
+    group's sums are gathered apart and added times the group's scales, so a scale multiplies once
+    per group and output. Rows of codes that do not make up two whole byte rows inside the group
+    (an odd G, the group's end) are taken one at a time."""
     n, K = x.shape
     N = out.shape[1]
     real = out.dtype.type
-    codes = np.empty(N, out.dtype)  # one row of codes, as floats
-    partial = np.empty((n, N), out.dtype)  # the current group's sums
+    mask, shift, offset = np.int32(15), np.int32(4), np.int32(8)  # int32: converts to a float in one vector instruction
+    partial = np.empty(N, out.dtype)  # one row's sums over the current group
     for g in range(scale.shape[0]):
-        partial[:] = 0
-        for k in range(g * group_size, min(K, (g + 1) * group_size)):
-            byte_row, shift = packed[k // 2], 4 * (k % 2)
-            for j in range(N):
-                codes[j] = real(((byte_row[j] >> shift) & 15) - 8)
-            for r in range(n):
-                xk, partial_row = x[r, k], partial[r]
-                for j in range(N):
-                    partial_row[j] += xk * codes[j]
+        start, stop = g * group_size, min(K, (g + 1) * group_size)
         scale_row = scale[g]
         for r in range(n):
-            out_row, partial_row = out[r], partial[r]
+            partial[:] = 0
+            k = start
+            while k < stop:
+                if k % 2 == 0 and k + 3 < stop:  # byte rows k/2 and k/2 + 1: rows k .. k + 3, all in this group
+                    bytes0, bytes1 = packed[k // 2], packed[k // 2 + 1]
+                    x0, x1, x2, x3 = x[r, k], x[r, k + 1], x[r, k + 2], x[r, k + 3]
+                    for j in range(N):
+                        c0, c1 = np.int32(bytes0[j]), np.int32(bytes1[j])
+                        partial[j] += (x0 * real((c0 & mask) - offset) + x1 * real((c0 >> shift) - offset)
+                                       + x2 * real((c1 & mask) - offset) + x3 * real((c1 >> shift) - offset))  # fmt: skip
+                    k += 4
+                else:
+                    byte_row, xk, nibble = packed[k // 2], x[r, k], np.int32(4 * (k % 2))
+                    for j in range(N):
+                        partial[j] += xk * real(((np.int32(byte_row[j]) >> nibble) & mask) - offset)
+                    k += 1
+            out_row = out[r]
             for j in range(N):
-                out_row[j] += scale_row[j] * partial_row[j]
+                out_row[j] += scale_row[j] * partial[j]
 
 
 @kernel(tag=FAST)

@@ -456,8 +456,8 @@ def test_the_decode_kernel_reads_the_codes_as_the_modules_do(bits, group_size, t
 @needs_jit
 @pytest.mark.parametrize("bits, group_size", [(8, None), (4, 4)])
 def test_quantized_generation_takes_the_decode_kernel(bits, group_size, monkeypatch):
-    """Under the fast set a quantized model's one-token steps are decode kernel calls, and its greedy
-    tokens are those of the readable set's modules."""
+    """Under the fast set a quantized model's steps (a short prompt, then one token each) are decode
+    kernel calls, and its greedy tokens are those of the readable set's modules."""
     from gpt.generation import decode_kernel
 
     calls = []
@@ -469,5 +469,5 @@ def test_quantized_generation_takes_the_decode_kernel(bits, group_size, monkeypa
         fast = model.generate(prompt, 4, temperature=0).numpy()
     with mt.using_kernels("readable"):
         readable = model.generate(prompt, 4, temperature=0).numpy()
-    assert len(calls) == 3
+    assert len(calls) == 4  # the 3-token prompt, then one call per token fed
     np.testing.assert_array_equal(fast, readable)
