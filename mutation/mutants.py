@@ -639,8 +639,8 @@ MUTANTS = [
     ),
     Mutant(
         "gpt.decode_position_off_by_one", "gpt/generation/decoder.py",
-        "self.kernel.decode(self.kernel_weights, new_tokens[:, 0], self.fed, self.keys, self.values)",
-        "self.kernel.decode(self.kernel_weights, new_tokens[:, 0], self.fed - 1, self.keys, self.values)",
+        "self.kernel.decode(self.kernel_weights, new_tokens, self.fed, self.keys, self.values)",
+        "self.kernel.decode(self.kernel_weights, new_tokens, self.fed - 1, self.keys, self.values)",
         'tests/test_gpt.py -k "test_cached_generation and fast and layernorm-gelu-learned"',
         jit=True,
         why="the fast one-token step writes over the previous token's cache entry and takes its position",

@@ -358,7 +358,7 @@ def decode(weights, tokens, position, keys, values):
     one_per_sequence = np.ndim(tokens) == 1
     tokens = checked("decode", weights, tokens, position, 0, keys, values)  # (B, n) int64
     logits = np.empty((tokens.shape[0], tokens.shape[1], weights.lm_head_bias.shape[0]), dtype=weights.ln_f_weight.dtype)
-    step = compiled_step(weights) if keys.flags.c_contiguous and values.flags.c_contiguous else decode_step
+    step = compiled(decode_step, weights) if keys.flags.c_contiguous and values.flags.c_contiguous else decode_step
     step(tokens, int(position), weights, keys, values, logits)
     return logits[:, 0] if one_per_sequence else logits
 
@@ -374,7 +374,8 @@ def decode_greedy(weights, tokens, position, steps, keys, values):
     B, V = tokens.shape[0], weights.lm_head_bias.shape[0]
     chosen = np.empty((B, int(steps)), np.int64)
     logits = np.empty((B, int(steps), V), dtype=weights.ln_f_weight.dtype)
-    greedy_steps(tokens, int(position), weights, keys, values, chosen, logits)
+    steps_kernel = compiled(greedy_steps, weights) if keys.flags.c_contiguous and values.flags.c_contiguous else greedy_steps
+    steps_kernel(tokens, int(position), weights, keys, values, chosen, logits)
     return chosen, logits
 
 
@@ -420,36 +421,39 @@ def checked(where, weights, tokens, position, more, keys, values):
     return np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
 
 
-COMPILED_KEPT = 2  # the DecodeWeights whose compiled step is remembered: a generation holds one or two, and older ones are freed
-_compiled = {}  # id(weights) -> (weights, decode_step compiled for their types)
-_compiled_by_kind = {}  # kind_of(weights) -> decode_step compiled for such weights
+COMPILED_KEPT = 4  # the (kernel, DecodeWeights) pairs whose compiled version is remembered: a generation uses one to four
+_compiled = {}  # (id(kernel), id(weights)) -> (weights, the kernel compiled for their types)
+_compiled_by_kind = {}  # (id(kernel), kind_of(weights)) -> the kernel compiled for such weights
 
 
-def compiled_step(weights):
-    """decode_step's compiled version for these weights, to call directly. Numba's dispatcher works
-    out the type of every argument on each call to choose the version to run; DecodeWeights holds
-    some 70 arrays, and that costs more than a small model's token. The arrays `decode` passes with
-    the weights always have the same types (int64 tokens, C-contiguous caches and logits of the
-    weights' float type), so the version is found once per DecodeWeights (by `kind_of`, which
-    names everything its type depends on) and kept with them, alive, so that their id names them alone."""
-    known = _compiled.get(id(weights))
+def compiled(kernel_function, weights):
+    """decode_step's or greedy_steps' compiled version for these weights, to call directly. Numba's
+    dispatcher works out the type of every argument on each call to choose the version to run;
+    DecodeWeights holds some 70 arrays, and that costs more than a small model's token. The arrays
+    `decode` and `decode_greedy` pass with the weights always have the same types (int64 tokens,
+    C-contiguous caches and outputs), so the version is found once per DecodeWeights (by `kind_of`,
+    which names everything its type depends on) and kept with them, alive, so that their id names
+    them alone."""
+    known = _compiled.get((id(kernel_function), id(weights)))
     if known is not None and known[0] is weights:
         return known[1]
-    if not hasattr(decode_step, "overloads"):  # the JIT is off: the plain function
-        return decode_step
-    kind = kind_of(weights)
+    if not hasattr(kernel_function, "overloads"):  # the JIT is off: the plain function
+        return kernel_function
+    kind = (id(kernel_function), kind_of(weights))
     if kind not in _compiled_by_kind:
         dtype = weights.ln_f_weight.dtype
         L, C = weights.ln_1_weight.shape
-        keys = np.zeros((L, 1, weights.n_kv_head, 1, C // weights.n_head), dtype)  # arrays of the types decode passes
-        example = (np.zeros((1, 1), np.int64), 0, weights, keys, keys.copy(), np.zeros((1, 1, weights.lm_head_bias.shape[0]), dtype))
-        types = tuple(decode_step.typeof_pyval(argument) for argument in example)
-        if types not in decode_step.overloads:
-            decode_step.compile(types)
-        _compiled_by_kind[kind] = decode_step.overloads[types].entry_point
+        keys = np.zeros((L, 1, weights.n_kv_head, 1, C // weights.n_head), dtype)  # arrays of the types passed
+        chosen = (np.zeros((1, 1), np.int64),) if kernel_function is greedy_steps else ()
+        logits = np.zeros((1, 1, weights.lm_head_bias.shape[0]), dtype)
+        example = (np.zeros((1, 1), np.int64), 0, weights, keys, keys.copy(), *chosen, logits)
+        types = tuple(kernel_function.typeof_pyval(argument) for argument in example)
+        if types not in kernel_function.overloads:
+            kernel_function.compile(types)
+        _compiled_by_kind[kind] = kernel_function.overloads[types].entry_point
     while len(_compiled) >= COMPILED_KEPT:
         _compiled.pop(next(iter(_compiled)))  # the oldest
-    _compiled[id(weights)] = weights, _compiled_by_kind[kind]
+    _compiled[id(kernel_function), id(weights)] = weights, _compiled_by_kind[kind]
     return _compiled_by_kind[kind]
 
 
