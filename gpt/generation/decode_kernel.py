@@ -1,39 +1,42 @@
-"""Generation's one-token step: every layer of the GPT of gpt/model/transformer.py for one new token, in one kernel.
+"""Generation's step for a few new tokens: every layer of the GPT of gpt/model/transformer.py, in one kernel.
 
-This is the fast set's replacement for one generation step through the modules. It encodes that
+This is the fast set's replacement for a generation step through the modules. It encodes that
 GPT, so it lives beside it: `decode_weights` reads the model by its attribute names
 (transformer.wte, transformer.h[i].attn.c_attn, ...), and `can_run` asks the model whether it is
 one the kernel computes (its options, and every layer: a layer that computes more than
-x @ weight + bias, such as a LoRA adapter or a quantized layer, says no with
-`fits_decode_kernel = False`, and the model then takes the modules' path). With a KV cache,
-one new token is little arithmetic (about 12 C² multiply-adds per layer plus the attention over the
-cache), while going through the modules is ~60 Function calls, each with its Python around the
-kernel: for a single token the calls, not the arithmetic, would set the pace. Here the weights are
-gathered once per generation into a `DecodeWeights`, and each token is a single call of
-`decode_step`, whose loops run on plain arrays. It computes what `GPT.forward` computes for the
-last position (the same logits to float rounding: the sums run in another order) and writes the
-same keys and values into the same cache arrays, so a cache filled by the modules (a prompt, many
-tokens at once) can be continued here and the other way round. The `Decoder` (gpt/generation/decoder.py)
-calls it only under the fast kernel set; under the readable set every token goes through the modules.
+x @ weight + bias, such as a LoRA adapter, says no with `fits_decode_kernel = False`, and the model
+then takes the modules' path). With a KV cache, one new token is little arithmetic (about 12 C²
+multiply-adds per layer plus the attention over the cache), while going through the modules is ~60
+Function calls, each with its Python around the kernel: for a single token the calls, not the
+arithmetic, would set the pace. Here the weights are gathered once per generation into a
+`DecodeWeights`, and each step is a single call of `decode_step`, whose loops run on plain arrays.
+It computes what `GPT.forward` computes for the new positions (the same logits to float rounding:
+the sums run in another order) and writes the same keys and values into the same cache arrays, so a
+cache filled by the modules (a prompt, many tokens at once) can be continued here and the other way
+round. The `Decoder` (gpt/generation/decoder.py) calls it only under the fast kernel set; under the
+readable set every token goes through the modules.
 
-For one sequence b with its new token at window position t, x the residual stream (C,), H query
-heads and Hk key/value heads of size D = C / H (G = H / Hk query heads share one key/value head),
-F the MLP's hidden width:
+A step takes n new tokens per sequence (n = 1 for plain generation; n = k + 1 when speculative
+decoding, gpt/generation/electives/speculative.py, verifies k proposed tokens). For sequence b with
+its new tokens at window positions t = position .. position + n - 1, x the residual stream (n, C),
+H query heads and Hk key/value heads of size D = C / H (G = H / Hk query heads share one key/value
+head), F the MLP's hidden width:
 
-    x = wte[token] (+ wpe[t]: the learned or the sinusoidal position table)  (C,)
+    x[r] = wte[token r] (+ wpe[position + r]: the learned or the sinusoidal position table)   (n, C)
     for each layer:
-        a = norm(x; ln_1)                                                    (C,)
-        q, k, v = a @ c_attn.W + c_attn.b, cut in three                      (H D,), (Hk D,), (Hk D,)
+        a = norm(x; ln_1)                                                    (n, C), row by row
+        q, k, v = a @ c_attn.W + c_attn.b, cut in three                      (n, H D), (n, Hk D), (n, Hk D)
                                                                              head h is [hD, hD + D) of its part
         (rope: rotate each pair (2i, 2i+1) of q and k in a head by the angle t θ_i)
-        keys[layer, b, g, t], values[layer, b, g, t] = k_g, v_g              the cache, (Hk, block_size, D) per layer
-        for each query head h, reading key/value head g = h // G:
-          s_j = q_h · keys[layer, b, g, j] / √D - m_h (t - j),  j = 0 .. t   (t + 1,): the new token sees
-                                                                             itself and all before it
+        keys[layer, b, g, t], values[layer, b, g, t] = k_g, v_g of row t     the cache, (Hk, block_size, D) per layer
+        for each row, at position t, and each query head h, reading key/value head g = h // G:
+          s_j = q_h · keys[layer, b, g, j] / √D - m_h (t - j),  j = 0 .. t   (t + 1,): a new token sees
+                                                                             itself and all before it, the
+                                                                             other new tokens before it included
           p = softmax(s);   y_h = sum_j p_j values[layer, b, g, j]            (D,)
-        x = x + (y @ attn.c_proj.W + b)                                      (C,)
+        x = x + (y @ attn.c_proj.W + b)                                      (n, C)
         a = norm(x; ln_2)
-        x = x + mlp(a)                                                       (C,)
+        x = x + mlp(a)                                                       (n, C), row by row
     logits = norm(x; ln_f) @ lm_head            lm_head (C, V) = wteᵀ when the weights are tied
 
     m_h: ALiBi's slope of head h (0 for every head without ALiBi: the term is then exactly 0)
@@ -50,33 +53,79 @@ F the MLP's hidden width:
 
 Only the chosen experts run: a token costs top_k experts' work, as in the module, not E.
 
-Every product is a row vector times a matrix, x (K,) @ W (K, N) -> (N,). `linear` loops over the
-rows of W and, inside, along one row: W is read once in memory order, and the inner loop's
-iterations write different outputs, so it vectorizes without reordering any sum.
+Quantized weights (gpt/model/electives/quantize.py). Each weight matrix is a `Matrix` in one of
+three forms: floats, int8 codes with one scale per output column, or int4 codes packed two per byte
+with one scale per group of input rows of each column (microtensor/ops/electives/quantize.py has
+the math). The products read the codes as they are and dequantize on the fly: an int8 code is
+converted to a float inside the multiply-add and the column's scale multiplies each output once at
+the end; int4 codes are unpacked a row at a time into floats, and each group's partial sums are
+added times the group's scale. The embedding tables (`Table`) are read a row per token the same way.
+A weight read from memory is then 1 byte (int8) or half a byte (int4) instead of 4.
 
-What bounds its speed: each token reads every weight it uses once, more than fits in one core's L2
-cache at the default recipe, so the weights stream from the next level of memory; the attention
-also reads the cache, which grows with the context (and is G times smaller with grouped heads).
+Every product is rows times a matrix, x (n, K) @ W (K, N) -> (n, N). `rows_times_matrix` loops over
+the rows of W and, inside, over the n rows of x and along one row of W: W is read once, in memory
+order, for all n rows (four rows of W, a few kB, stay in the L1 cache while the n rows use them),
+and the inner loop's iterations write different outputs, so it vectorizes without reordering any sum.
 
-One kernel, serial (no prange): one token is too little work to share between threads (waking
-one costs more than the token). A model without biases gets zero biases, which add nothing; all
-options are flags and arrays of fixed dimensions in `DecodeWeights` (a dense MLP is stored as one
-expert), so a model of any options compiles one version of the kernel per float type.
+What bounds its speed: each step reads every weight it uses once, more than fits in one core's L2
+cache at the default recipe in float32, so the weights stream from the next level of memory: a step
+of n tokens costs about what one token costs, as long as n is small (that is what makes speculative
+decoding pay), and int8/int4 codes cut the bytes streamed by 4 and 8. The attention also reads the
+cache, which grows with the context (and is G times smaller with grouped heads).
+
+One kernel, serial (no prange): a step is too little work to share between threads (waking one
+costs more than the token). A model without biases gets zero biases, which add nothing; all options
+are flags and arrays of fixed dimensions in `DecodeWeights` (a dense MLP is stored as one expert, and
+each matrix holds all three forms, two of them empty), so a model of any options and any weight
+form compiles one version of the kernel per float type.
 """
 from typing import NamedTuple
 
 import numpy as np
 
-# ---- what the kernel takes from microtensor: the kernel decorator, errors and the vector math
+# ---- what the kernel takes from microtensor: the kernel decorator, errors, quantized matrices and the vector math
 from microtensor import InputError, InputTypeError
 from microtensor.fast import CUBIC, REDUCE_FASTMATH, SQRT_2_OVER_PI, exp_of_nonpositive, kernel, sigmoid, tanh
-from microtensor.nn import rope_angles, sinusoidal_embedding
+from microtensor.nn import QuantizedMatrix, rope_angles, sinusoidal_embedding
 
 # ---- end of the imports from microtensor
 
 # The kernels below are the fast set's (they call its vector math): tagged "fast", their compiled
 # cache is keyed on every file of microtensor, microtensor/fast/ included, and on this file.
 FAST = "fast"
+FLOAT, INT8, INT4 = 32, 8, 4  # a Matrix's or a Table's form: its bits per weight
+CONTRACT = {"contract"}  # a multiply and the add after it become one fused instruction; no sum is reordered
+
+
+class Matrix(NamedTuple):
+    """S weight matrices W (K, N) of one kind (one per layer, or per layer and expert: slot = layer E + e),
+    used as x @ W, in the form `bits` says; the arrays of the other two forms are empty, (S, 0, 0).
+
+    bits 32: floats (S, K, N).
+    bits 8:  int8 (S, K, N) codes q, scale (S, 1, N):  W[k, j] = scale[0, j] q[k, j].
+    bits 4:  int4 (S, ceil(K/2), N) bytes, rows 2i and 2i + 1 in byte row i (low four bits first, each
+             code + 8); scale (S, ceil(K/G), N):  W[k, j] = scale[k // G, j] q[k, j], G = group_size.
+    """
+
+    floats: np.ndarray
+    int8: np.ndarray
+    int4: np.ndarray
+    scale: np.ndarray
+    group_size: int
+    bits: int
+
+
+class Table(NamedTuple):
+    """An embedding table (R, C) read a row at a time, in the form `bits` says (the others empty, (0, 0)):
+    floats (R, C); int8 (R, C) codes with scale (R, 1); int4 (R, ceil(C/2)) bytes with scale
+    (R, ceil(C/G)), a scale per group of G entries of a row, as gpt/model/electives/quantize.py stores them."""
+
+    floats: np.ndarray
+    int8: np.ndarray
+    int4: np.ndarray
+    scale: np.ndarray
+    group_size: int
+    bits: int
 
 
 class DecodeWeights(NamedTuple):
@@ -87,29 +136,31 @@ class DecodeWeights(NamedTuple):
     leaves out are empty, so that the kernel sees the same types for every option.
     """
 
-    wte: np.ndarray  # (V, C)
-    wpe: np.ndarray  # (T, C): the learned table, or the sinusoidal one; (0, C) with rope and ALiBi
+    wte: Table  # (V, C)
+    wpe: Table  # (T, C): the learned table, or the sinusoidal one; (0, C) floats with rope and ALiBi
     rope_cos: np.ndarray  # (T, D/2), cos(t θ_i) with rope; (0, 0) otherwise
     rope_sin: np.ndarray  # (T, D/2)
     alibi_slopes: np.ndarray  # (H,), ALiBi's slope of each query head; zeros without ALiBi
     ln_1_weight: np.ndarray  # (L, C)
     ln_1_bias: np.ndarray  # (L, C), zeros with RMSNorm or without biases
-    c_attn_weight: np.ndarray  # (L, C, (H + 2 Hk) D): q, k, v side by side
+    c_attn: Matrix  # L of (C, (H + 2 Hk) D): q, k, v side by side
     c_attn_bias: np.ndarray  # (L, (H + 2 Hk) D)
-    attn_proj_weight: np.ndarray  # (L, C, C)
+    attn_proj: Matrix  # L of (C, C)
     attn_proj_bias: np.ndarray  # (L, C)
     ln_2_weight: np.ndarray  # (L, C)
     ln_2_bias: np.ndarray  # (L, C)
-    router_weight: np.ndarray  # (L, C, E) for a mixture of experts; (L, C, 0) for a dense MLP
-    c_fc_weight: np.ndarray  # (L, E, C, F)
+    router: Matrix  # L of (C, E) for a mixture of experts; floats (L, C, 0) for a dense MLP
+    router_bias: np.ndarray  # (L, E): zeros (the router has no bias)
+    c_fc: Matrix  # L E of (C, F)
     c_fc_bias: np.ndarray  # (L, E, F)
-    c_up_weight: np.ndarray  # (L, E, C, F) for SwiGLU; (L, E, C, 0) for GELU
+    c_up: Matrix  # L E of (C, F) for SwiGLU; floats (L E, C, 0) for GELU
     c_up_bias: np.ndarray  # (L, E, F); (L, E, 0)
-    mlp_proj_weight: np.ndarray  # (L, E, F, C)
+    mlp_proj: Matrix  # L E of (F, C)
     mlp_proj_bias: np.ndarray  # (L, E, C)
     ln_f_weight: np.ndarray  # (C,)
     ln_f_bias: np.ndarray  # (C,)
-    lm_head: np.ndarray  # (C, V)
+    lm_head: Matrix  # 1 of (C, V)
+    lm_head_bias: np.ndarray  # (V,): zeros
     eps: np.floating  # the norms' epsilon, in the weights' float type
     n_head: int
     n_kv_head: int
@@ -124,7 +175,7 @@ class DecodeWeights(NamedTuple):
 def decode_kernel_fits(config):
     """Whether the kernel covers a model of these options; the others take each token through the
     modules, with the same results. It covers every option of GPTConfig today: any n_kv_head,
-    every position scheme, both norms, every MLP (the mixture of experts routes the one token as
+    every position scheme, both norms, every MLP (the mixture of experts routes each token as
     the module does), and both attention kernels (the same math). The options are listed, not
     assumed, so that an option added later takes the module path until the kernel learns it."""
     return (
@@ -137,17 +188,69 @@ def decode_kernel_fits(config):
 
 def can_run(model):
     """Whether the kernel computes this model as it is now: its options (`decode_kernel_fits`), and
-    every layer's answer. The kernel reads each layer's weight and bias only, so a layer that
-    computes something else from them (gpt/model/electives/lora.py's adapter adds a low-rank product,
-    gpt/model/electives/quantize.py's layers keep integer codes) answers no with `fits_decode_kernel = False`."""
-    return decode_kernel_fits(model.config) and all(getattr(layer, "fits_decode_kernel", True) for layer in model.modules())
+    every layer's answer. The kernel reads each layer's weight (floats or quantized codes) and bias
+    only, so a layer that computes something else from them (gpt/model/electives/lora.py's adapter
+    adds a low-rank product) answers no with `fits_decode_kernel = False`."""
+    # asked of the class: a module's own lookup of a missing name would search for a close match to suggest
+    return decode_kernel_fits(model.config) and all(getattr(type(layer), "fits_decode_kernel", True) for layer in model.modules())
+
+
+def weight_form(weight):
+    """One weight as x @ W reads it: (bits, floats or codes, scale (groups, N) or None, group_size).
+    A float weight is a Tensor (K, N); a quantized one a QuantizedMatrix, whose "out_in" codes (an
+    embedding table used as the tied head) are transposed: int4 bytes pair rows along K in both layouts,
+    so the transposed bytes are the "in_out" ones."""
+    if not isinstance(weight, QuantizedMatrix):
+        return FLOAT, weight if isinstance(weight, np.ndarray) else weight.data, None, 0
+    values, scale = weight.values, weight.scale
+    if weight.layout == "out_in":
+        values, scale = values.T, scale.T
+    N = values.shape[1]
+    return weight.bits, values, scale.reshape(-1, N), weight.group_size or weight.shape[0]
+
+
+def matrix(weights, dtype):
+    """A Matrix of the weights (a list of S Tensors or QuantizedMatrix of one form and shape)."""
+    forms = [weight_form(w) for w in weights]
+    bits, group_size = forms[0][0], forms[0][3]
+    if any(form[0] != bits or form[3] != group_size for form in forms):
+        raise InputError(f"decode_weights: a model's matrices must share one form, got bits {sorted({form[0] for form in forms})}")
+    values = np.ascontiguousarray(np.stack([form[1] for form in forms]))  # (S, K or ceil(K/2), N)
+    S = len(forms)
+    return Matrix(
+        floats=values if bits == FLOAT else np.zeros((S, 0, 0), dtype),
+        int8=values if bits == INT8 else np.zeros((S, 0, 0), np.int8),
+        int4=values if bits == INT4 else np.zeros((S, 0, 0), np.uint8),
+        scale=np.zeros((S, 0, 0), dtype) if bits == FLOAT else np.ascontiguousarray(np.stack([form[2] for form in forms])),
+        group_size=int(group_size),
+        bits=bits,
+    )
+
+
+def table(weight, dtype):
+    """A Table of an embedding's weight: a float array or Tensor (R, C), or a QuantizedMatrix of layout "out_in"."""
+    if not isinstance(weight, QuantizedMatrix):
+        floats = weight if isinstance(weight, np.ndarray) else weight.data
+        empty = np.zeros((0, 0), np.int8)
+        return Table(np.ascontiguousarray(floats), empty, empty.view(np.uint8), np.zeros((0, 0), dtype), 0, FLOAT)
+    bits, values = weight.bits, np.ascontiguousarray(weight.values)
+    scale = np.ascontiguousarray(weight.scale.reshape(values.shape[0], -1))  # (R, 1) or (R, groups)
+    return Table(
+        floats=np.zeros((0, 0), dtype),
+        int8=values if bits == INT8 else np.zeros((0, 0), np.int8),
+        int4=values if bits == INT4 else np.zeros((0, 0), np.uint8),
+        scale=scale,
+        group_size=int(weight.group_size or weight.shape[0]),
+        bits=bits,
+    )
 
 
 def decode_weights(model):
-    """Gather a GPT's weights into a DecodeWeights (copies: take it again after the weights change)."""
+    """Gather a GPT's weights into a DecodeWeights (copies: take it again after the weights change).
+    Float weights, or the codes and scales of a model quantized by gpt/model/electives/quantize.py."""
     config, parts = model.config, model.transformer
     blocks = list(parts.h)
-    dtype = parts.wte.weight.dtype
+    dtype = parts.ln_f.weight.dtype
     L, C, D = config.n_layer, config.n_embd, config.n_embd // config.n_head
     width = (config.n_head + 2 * config.n_kv_head) * D  # c_attn's output: q, k, v heads side by side
 
@@ -170,57 +273,66 @@ def decode_weights(model):
         """get(expert) of every expert of every layer: (L, E, ...)."""
         return stacked(lambda block: np.stack([get(expert) for expert in experts(block)]))
 
+    def expert_matrix(get):
+        """The Matrix of get(expert) of every expert of every layer, slot layer E + e."""
+        return matrix([get(expert).weight for block in blocks for expert in experts(block)], dtype)
+
     rope_cos = rope_sin = np.zeros((0, 0), dtype)
-    wpe = np.zeros((0, C), dtype)
+    wpe = table(np.zeros((0, C), dtype), dtype)
     if config.pos == "rope":
         rope_cos, rope_sin = rope_angles(config.block_size, D, 0, dtype)  # the module's own angles, (T, D/2)
     elif config.pos == "learned":
-        wpe = parts.wpe.weight.data
+        wpe = table(parts.wpe.weight, dtype)
     elif config.pos == "sinusoidal":
-        wpe = sinusoidal_embedding(0, config.block_size, C, dtype)  # (T, C), rows 0 .. T-1
+        wpe = table(sinusoidal_embedding(0, config.block_size, C, dtype), dtype)  # (T, C), rows 0 .. T-1
     if config.pos == "alibi":
         alibi_slopes = np.array(blocks[0].attn.alibi_slopes, dtype)  # the module's own slopes, (H,)
     else:
         alibi_slopes = np.zeros(config.n_head, dtype)  # a slope of 0 adds exactly nothing
     first = experts(blocks[0])[0]
+    E = len(experts(blocks[0]))
     hidden = first.c_fc.weight.shape[1]
     swiglu = getattr(first, "kind", config.mlp) == "swiglu"  # an Expert says its kind; the dense MLP's is config.mlp
     if swiglu:
-        c_up_weight = per_expert(lambda e: e.c_up.weight.data)
+        c_up = expert_matrix(lambda e: e.c_up)
         c_up_bias = per_expert(lambda e: bias(e.c_up, hidden))
     else:
-        E = len(experts(blocks[0]))
-        c_up_weight, c_up_bias = np.zeros((L, E, C, 0), dtype), np.zeros((L, E, 0), dtype)
+        c_up = matrix([np.zeros((C, 0), dtype)] * (L * E), dtype)
+        c_up_bias = np.zeros((L, E, 0), dtype)
     if moe:
-        router_weight = stacked(lambda b: b.mlp.router.weight.data)  # (L, C, E)
+        router = matrix([b.mlp.router.weight for b in blocks], dtype)  # L of (C, E)
         top_k = int(blocks[0].mlp.top_k)
     else:
-        router_weight, top_k = np.zeros((L, C, 0), dtype), 1
-    lm_head = parts.wte.weight.data.T if config.tie_weights else model.lm_head.weight.data  # (C, V)
+        router, top_k = matrix([np.zeros((C, 0), dtype)] * L, dtype), 1
+    lm_head = parts.wte.weight if config.tie_weights else model.lm_head.weight
+    if config.tie_weights and not isinstance(lm_head, QuantizedMatrix):
+        lm_head = lm_head.data.T  # (C, V): the tied head is x @ wteᵀ
     return DecodeWeights(
-        wte=np.ascontiguousarray(parts.wte.weight.data),
-        wpe=np.ascontiguousarray(wpe),
+        wte=table(parts.wte.weight, dtype),
+        wpe=wpe,
         rope_cos=np.ascontiguousarray(rope_cos),
         rope_sin=np.ascontiguousarray(rope_sin),
         alibi_slopes=np.ascontiguousarray(alibi_slopes),
         ln_1_weight=stacked(lambda b: b.ln_1.weight.data),
         ln_1_bias=stacked(lambda b: bias(b.ln_1, C)),
-        c_attn_weight=stacked(lambda b: b.attn.c_attn.weight.data),
+        c_attn=matrix([b.attn.c_attn.weight for b in blocks], dtype),
         c_attn_bias=stacked(lambda b: bias(b.attn.c_attn, width)),
-        attn_proj_weight=stacked(lambda b: b.attn.c_proj.weight.data),
+        attn_proj=matrix([b.attn.c_proj.weight for b in blocks], dtype),
         attn_proj_bias=stacked(lambda b: bias(b.attn.c_proj, C)),
         ln_2_weight=stacked(lambda b: b.ln_2.weight.data),
         ln_2_bias=stacked(lambda b: bias(b.ln_2, C)),
-        router_weight=router_weight,
-        c_fc_weight=per_expert(lambda e: e.c_fc.weight.data),
+        router=router,
+        router_bias=np.zeros((L, E if moe else 0), dtype),
+        c_fc=expert_matrix(lambda e: e.c_fc),
         c_fc_bias=per_expert(lambda e: bias(e.c_fc, hidden)),
-        c_up_weight=c_up_weight,
+        c_up=c_up,
         c_up_bias=c_up_bias,
-        mlp_proj_weight=per_expert(lambda e: e.c_proj.weight.data),
+        mlp_proj=expert_matrix(lambda e: e.c_proj),
         mlp_proj_bias=per_expert(lambda e: bias(e.c_proj, C)),
         ln_f_weight=np.ascontiguousarray(parts.ln_f.weight.data),
         ln_f_bias=np.ascontiguousarray(bias(parts.ln_f, C)),
-        lm_head=np.ascontiguousarray(lm_head),
+        lm_head=matrix([lm_head], dtype),
+        lm_head_bias=np.zeros(config.vocab_size, dtype),
         eps=dtype.type(parts.ln_f.eps),
         n_head=int(config.n_head),
         n_kv_head=int(config.n_kv_head),
@@ -234,46 +346,125 @@ def decode_weights(model):
 
 
 def decode(weights, tokens, position, keys, values):
-    """tokens (B,) int at window position `position` -> logits (B, V), a new array.
+    """tokens (B,) or (B, n) int, the new tokens of B sequences at window positions position ..
+    position + n - 1 -> their logits (B, V) or (B, n, V), a new array.
 
     keys, values (L, B, Hk, block_size, D): positions 0 .. position - 1 hold the earlier tokens' keys
-    and values; this writes the new tokens' at `position`. Everything the kernel will index is
-    checked first (it has no bounds checks): each token in [0, V), the batch and every other dim of
-    the caches against the weights, and the position inside the caches and the position table.
+    and values; this writes the new tokens' at position .. position + n - 1. Everything the kernel
+    will index is checked first (it has no bounds checks): each token in [0, V), the batch and every
+    other dim of the caches against the weights, and the positions inside the caches and the
+    position table.
     """
+    one_per_sequence = np.ndim(tokens) == 1
+    tokens = checked("decode", weights, tokens, position, 0, keys, values)  # (B, n) int64
+    logits = np.empty((tokens.shape[0], tokens.shape[1], weights.lm_head_bias.shape[0]), dtype=weights.ln_f_weight.dtype)
+    step = compiled(decode_step, weights) if keys.flags.c_contiguous and values.flags.c_contiguous else decode_step
+    step(tokens, int(position), weights, keys, values, logits)
+    return logits[:, 0] if one_per_sequence else logits
+
+
+def decode_greedy(weights, tokens, position, steps, keys, values):
+    """Greedy decoding's inner loop in one call: tokens (B, n) as `decode` takes them, then `steps`
+    tokens chosen one after another, each the argmax of the logits before it (ties: the lower id,
+    as numpy's argmax), each fed in turn but the last. Returns (chosen (B, steps) int64, the logits
+    each was chosen from (B, steps, V)). The caches then hold position .. position + n + steps - 2."""
+    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise InputError(f"decode_greedy: steps must be an int >= 1, got {steps!r}")
+    tokens = checked("decode_greedy", weights, tokens, position, int(steps) - 1, keys, values)
+    B, V = tokens.shape[0], weights.lm_head_bias.shape[0]
+    chosen = np.empty((B, int(steps)), np.int64)
+    logits = np.empty((B, int(steps), V), dtype=weights.ln_f_weight.dtype)
+    steps_kernel = compiled(greedy_steps, weights) if keys.flags.c_contiguous and values.flags.c_contiguous else greedy_steps
+    steps_kernel(tokens, int(position), weights, keys, values, chosen, logits)
+    return chosen, logits
+
+
+def checked(where, weights, tokens, position, more, keys, values):
+    """decode's checks, for n tokens at `position` and `more` after them: returns the tokens as a
+    (B, n) int64 array (a (B,) array is one token per sequence)."""
     if not isinstance(weights, DecodeWeights):
-        raise InputTypeError(f"decode: weights must be a DecodeWeights (from decode_weights(model)), got {type(weights).__name__}")
-    dtype = weights.wte.dtype
+        raise InputTypeError(f"{where}: weights must be a DecodeWeights (from decode_weights(model)), got {type(weights).__name__}")
+    dtype = weights.ln_f_weight.dtype
     tokens = np.asarray(tokens)
-    if tokens.dtype.kind not in "iu" or tokens.ndim != 1 or tokens.shape[0] == 0:
-        raise InputError(f"decode: tokens must be (B,) integer ids with B >= 1, got {tokens.dtype} of shape {tokens.shape}")
-    vocab = weights.wte.shape[0]
+    if tokens.dtype.kind not in "iu" or tokens.ndim not in (1, 2) or 0 in tokens.shape:
+        raise InputError(f"{where}: tokens must be (B,) integer ids, or (B, n) for n new tokens per sequence, with B, n >= 1, got {tokens.dtype} of shape {tokens.shape}")
+    tokens = tokens[:, None] if tokens.ndim == 1 else tokens  # (B, n)
+    vocab = weights.lm_head_bias.shape[0]
     if tokens.min() < 0 or tokens.max() >= vocab:
         bad = tokens[(tokens < 0) | (tokens >= vocab)][0]
-        raise InputError(f"decode: token id {bad} is outside the vocabulary; ids must be in [0, {vocab})")
+        raise InputError(f"{where}: token id {bad} is outside the vocabulary; ids must be in [0, {vocab})")
     L, C = weights.ln_1_weight.shape
     H, Hk = weights.n_head, weights.n_kv_head
     expected = (L, tokens.shape[0], Hk, None, C // H)
     for name, cache in (("keys", keys), ("values", values)):
         if not isinstance(cache, np.ndarray) or cache.dtype != dtype or not cache.flags.writeable:
-            raise InputTypeError(f"decode: {name} must be a writeable {dtype} array, got {type(cache).__name__} {getattr(cache, 'dtype', '')}")
+            raise InputTypeError(f"{where}: {name} must be a writeable {dtype} array, got {type(cache).__name__} {getattr(cache, 'dtype', '')}")
         if cache.ndim != 5 or cache.shape[:3] + cache.shape[4:] != expected[:3] + expected[4:] or cache.shape != keys.shape:
             raise InputError(
-                f"decode: {name} has shape {cache.shape}, expected (n_layer, B, n_kv_head, block_size, head size) = "
-                f"{expected} with B = {tokens.shape[0]} tokens, and keys and values of one shape"
+                f"{where}: {name} has shape {cache.shape}, expected (n_layer, B, n_kv_head, block_size, head size) = "
+                f"{expected} with B = {tokens.shape[0]} tokens at each new position, and keys and values of one shape"
             )
     # rows of the position table; ALiBi has none, its bias depends on distances only
-    table = weights.rope_cos.shape[0] if weights.rope else weights.wpe.shape[0] if weights.position_table else keys.shape[3]
-    limit = min(keys.shape[3], table)
+    if weights.rope:
+        table_rows = weights.rope_cos.shape[0]
+    elif weights.position_table:
+        table_rows = max(weights.wpe.floats.shape[0], weights.wpe.int8.shape[0], weights.wpe.int4.shape[0])  # the form it has
+    else:
+        table_rows = keys.shape[3]
+    fed = tokens.shape[1] + more
+    limit = min(keys.shape[3], table_rows) - fed + 1  # the last token fed must fit too
     if not isinstance(position, (int, np.integer)) or isinstance(position, (bool, np.bool_)) or not 0 <= position < limit:
         raise InputError(
-            f"decode: position {position!r} is outside the cache of {keys.shape[3]} positions "
-            f"(or the position table of {table} rows); expected an int in [0, {limit})"
+            f"{where}: position {position!r} is outside the cache of {keys.shape[3]} positions "
+            f"(or the position table of {table_rows} rows) for {fed} token(s) fed from it; expected an int in [0, {max(limit, 0)})"
         )
-    tokens = np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
-    logits = np.empty((tokens.shape[0], weights.lm_head.shape[1]), dtype=weights.lm_head.dtype)
-    decode_step(tokens, int(position), weights, keys, values, logits)
-    return logits
+    return np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
+
+
+COMPILED_KEPT = 4  # the (kernel, DecodeWeights) pairs whose compiled version is remembered: a generation uses one to four
+_compiled = {}  # (id(kernel), id(weights)) -> (weights, the kernel compiled for their types)
+_compiled_by_kind = {}  # (id(kernel), kind_of(weights)) -> the kernel compiled for such weights
+
+
+def compiled(kernel_function, weights):
+    """decode_step's or greedy_steps' compiled version for these weights, to call directly. Numba's
+    dispatcher works out the type of every argument on each call to choose the version to run;
+    DecodeWeights holds some 70 arrays, and that costs more than a small model's token. The arrays
+    `decode` and `decode_greedy` pass with the weights always have the same types (int64 tokens,
+    C-contiguous caches and outputs), so the version is found once per DecodeWeights (by `kind_of`,
+    which names everything its type depends on) and kept with them, alive, so that their id names
+    them alone."""
+    known = _compiled.get((id(kernel_function), id(weights)))
+    if known is not None and known[0] is weights:
+        return known[1]
+    if not hasattr(kernel_function, "overloads"):  # the JIT is off: the plain function
+        return kernel_function
+    kind = (id(kernel_function), kind_of(weights))
+    if kind not in _compiled_by_kind:
+        dtype = weights.ln_f_weight.dtype
+        L, C = weights.ln_1_weight.shape
+        keys = np.zeros((L, 1, weights.n_kv_head, 1, C // weights.n_head), dtype)  # arrays of the types passed
+        chosen = (np.zeros((1, 1), np.int64),) if kernel_function is greedy_steps else ()
+        logits = np.zeros((1, 1, weights.lm_head_bias.shape[0]), dtype)
+        example = (np.zeros((1, 1), np.int64), 0, weights, keys, keys.copy(), *chosen, logits)
+        types = tuple(kernel_function.typeof_pyval(argument) for argument in example)
+        if types not in kernel_function.overloads:
+            kernel_function.compile(types)
+        _compiled_by_kind[kind] = kernel_function.overloads[types].entry_point
+    while len(_compiled) >= COMPILED_KEPT:
+        _compiled.pop(next(iter(_compiled)))  # the oldest
+    _compiled[id(kernel_function), id(weights)] = weights, _compiled_by_kind[kind]
+    return _compiled_by_kind[kind]
+
+
+def kind_of(value):
+    """What Numba's type of a DecodeWeights depends on, leaf by leaf: each array's dtype, dims, layout
+    and flags, and each other value's Python type (nested tuples followed)."""
+    if isinstance(value, tuple):
+        return tuple(kind_of(item) for item in value)
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.ndim, value.flags.c_contiguous, value.flags.writeable, value.flags.aligned
+    return type(value)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -281,101 +472,241 @@ def decode(weights, tokens, position, keys, values):
 
 @kernel(tag=FAST)
 def decode_step(tokens, position, w, keys, values, logits):
-    """One new token per sequence through the whole GPT (the module docstring's math).
+    """n new tokens per sequence through the whole GPT (the module docstring's math).
 
-    tokens (B,) at window position `position`; w a DecodeWeights; keys, values (L, B, Hk, T, D),
-    written at `position`; logits (B, V) is written.
+    tokens (B, n) at window positions position .. position + n - 1; w a DecodeWeights; keys, values
+    (L, B, Hk, T, D), written at those positions; logits (B, n, V) is written.
     """
+    B, n = tokens.shape
     L, C = w.ln_1_weight.shape
     H, Hk = w.n_head, w.n_kv_head
     D = C // H
     group = H // Hk  # query heads per key/value head
-    E, F = w.c_fc_weight.shape[1], w.c_fc_weight.shape[3]
-    dtype = w.wte.dtype
+    E, F = w.c_fc_bias.shape[1], w.c_fc_bias.shape[2]
+    dtype = w.ln_f_weight.dtype
     scale = dtype.type(1) / np.sqrt(dtype.type(D))  # 1/√D, computed in the weights' dtype
     key_start, value_start = H * D, (H + Hk) * D  # where k and v begin in qkv
-    x = np.empty(C, dtype)  # the residual stream
-    normed = np.empty(C, dtype)  # norm(x), the input of attention, of the MLP and of lm_head
-    qkv = np.empty((H + 2 * Hk) * D, dtype)  # q of every query head, then k, then v of every key/value head
-    attended = np.empty(C, dtype)  # the query heads' outputs side by side
-    delta = np.empty(C, dtype)  # what a sub-layer adds to the residual stream
-    answer = np.empty(C, dtype)  # one expert's output
-    probs = np.empty(position + 1, dtype)  # one head's attention over the cache
-    hidden = np.empty(F, dtype)  # an expert's hidden activations
-    up = np.empty(F if w.swiglu else 0, dtype)  # SwiGLU's second projection
+    x = np.empty((n, C), dtype)  # the residual stream
+    normed = np.empty((n, C), dtype)  # norm(x), the input of attention, of the MLP and of lm_head
+    position_row = np.empty(C, dtype)  # a row of the position table
+    qkv = np.empty((n, (H + 2 * Hk) * D), dtype)  # q of every query head, then k, then v of every key/value head
+    attended = np.empty((n, C), dtype)  # the query heads' outputs side by side
+    delta = np.empty((n, C), dtype)  # what a sub-layer adds to the residual stream
+    answer = np.empty((n, C), dtype)  # one expert's output
+    probs = np.empty(position + n, dtype)  # one head's attention over the cache
+    expert_rows = np.empty((n, C), dtype)  # the rows an expert takes, gathered
+    hidden = np.empty((n, F), dtype)  # an expert's hidden activations
+    up = np.empty((n, F if w.swiglu else 0), dtype)  # SwiGLU's second projection
+    router_logits = np.empty((n, E if w.moe else 0), dtype)
     expert_probs = np.empty(E, dtype)  # the router's softmax
-    gates = np.empty(E, dtype)  # each expert's weight in the MLP's output (0: not chosen)
-    chosen = np.empty(E, np.bool_)  # which experts run
-    for b in range(tokens.shape[0]):
-        for c in range(C):
-            x[c] = w.wte[tokens[b], c]
-        if w.position_table:
-            for c in range(C):
-                x[c] += w.wpe[position, c]
+    gates = np.zeros((n, E), dtype)  # each expert's weight in a row's MLP output (0: not chosen)
+    chosen = np.zeros((n, E), np.bool_)  # which experts run for each row
+    taken = np.empty(n, np.int64)  # the rows an expert takes
+    for b in range(B):
+        for r in range(n):
+            table_row(w.wte, tokens[b, r], x[r])
+            if w.position_table:
+                table_row(w.wpe, position + r, position_row)
+                for c in range(C):
+                    x[r, c] += position_row[c]
         for layer in range(L):
             # attention: x = x + c_proj(attend(q, cached keys and values))
-            norm_row(x, w.ln_1_weight[layer], w.ln_1_bias[layer], w.eps, w.rmsnorm, normed)
-            linear(normed, w.c_attn_weight[layer], w.c_attn_bias[layer], qkv)
-            if w.rope:
-                rotate_heads(qkv, 0, H, D, w.rope_cos[position], w.rope_sin[position])  # q
-                rotate_heads(qkv, key_start, Hk, D, w.rope_cos[position], w.rope_sin[position])  # k
-            for g in range(Hk):
-                for d in range(D):
-                    keys[layer, b, g, position, d] = qkv[key_start + g * D + d]
-                    values[layer, b, g, position, d] = qkv[value_start + g * D + d]
-            for h in range(H):
-                g = h // group  # the key/value head of h's group
-                attend(qkv, h, keys[layer, b, g], values[layer, b, g], position, scale, w.alibi_slopes[h], probs, attended)
-            linear(attended, w.attn_proj_weight[layer], w.attn_proj_bias[layer], delta)
-            for c in range(C):
-                x[c] += delta[c]
+            for r in range(n):
+                norm_row(x[r], w.ln_1_weight[layer], w.ln_1_bias[layer], w.eps, w.rmsnorm, normed[r])
+            linear(normed, w.c_attn, layer, w.c_attn_bias[layer], qkv)
+            for r in range(n):  # every new key and value is in the cache before any row attends
+                t = position + r
+                if w.rope:
+                    rotate_heads(qkv[r], 0, H, D, w.rope_cos[t], w.rope_sin[t])  # q
+                    rotate_heads(qkv[r], key_start, Hk, D, w.rope_cos[t], w.rope_sin[t])  # k
+                for g in range(Hk):
+                    for d in range(D):
+                        keys[layer, b, g, t, d] = qkv[r, key_start + g * D + d]
+                        values[layer, b, g, t, d] = qkv[r, value_start + g * D + d]
+            for r in range(n):
+                for h in range(H):
+                    g = h // group  # the key/value head of h's group
+                    attend(qkv[r], h, keys[layer, b, g], values[layer, b, g], position + r, scale, w.alibi_slopes[h], probs, attended[r])
+            linear(attended, w.attn_proj, layer, w.attn_proj_bias[layer], delta)
+            add_rows(delta, x)
             # MLP: x = x + sum over the chosen experts of gate * expert(norm(x))
-            norm_row(x, w.ln_2_weight[layer], w.ln_2_bias[layer], w.eps, w.rmsnorm, normed)
+            for r in range(n):
+                norm_row(x[r], w.ln_2_weight[layer], w.ln_2_bias[layer], w.eps, w.rmsnorm, normed[r])
             if w.moe:
-                route(normed, w.router_weight[layer], w.top_k, expert_probs, chosen, gates)
+                linear(normed, w.router, layer, w.router_bias[layer], router_logits)
+                for r in range(n):
+                    route(router_logits[r], w.top_k, expert_probs, chosen[r], gates[r])
             else:
-                chosen[0], gates[0] = True, dtype.type(1)  # the dense MLP: one expert, gate 1
-            for c in range(C):
-                delta[c] = 0
+                chosen[:, 0], gates[:, 0] = True, dtype.type(1)  # the dense MLP: one expert, gate 1
+            delta[:] = 0
             for e in range(E):  # in expert order, as the module adds the experts' contributions
-                if not chosen[e]:
-                    continue  # experts not chosen do no work
-                linear(normed, w.c_fc_weight[layer, e], w.c_fc_bias[layer, e], hidden)
+                m = 0
+                for r in range(n):
+                    if chosen[r, e]:
+                        taken[m] = r
+                        m += 1
+                if m == 0:
+                    continue  # experts no row chose do no work
+                for i in range(m):
+                    expert_rows[i] = normed[taken[i]]
+                slot = layer * E + e
+                linear(expert_rows[:m], w.c_fc, slot, w.c_fc_bias[layer, e], hidden[:m])
                 if w.swiglu:
-                    linear(normed, w.c_up_weight[layer, e], w.c_up_bias[layer, e], up)
-                    swiglu_in_place(hidden, up)
+                    linear(expert_rows[:m], w.c_up, slot, w.c_up_bias[layer, e], up[:m])
+                    swiglu_in_place(hidden[:m], up[:m])
                 else:
-                    gelu_in_place(hidden)
-                linear(hidden, w.mlp_proj_weight[layer, e], w.mlp_proj_bias[layer, e], answer)
-                gate = gates[e]
-                for c in range(C):
-                    delta[c] += gate * answer[c]
-            for c in range(C):
-                x[c] += delta[c]
-        norm_row(x, w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed)
-        logits_row = logits[b]
-        for v in range(logits_row.shape[0]):
-            logits_row[v] = 0
-        matvec_accumulate(normed, w.lm_head, logits_row)
+                    gelu_in_place(hidden[:m])
+                linear(hidden[:m], w.mlp_proj, slot, w.mlp_proj_bias[layer, e], answer[:m])
+                for i in range(m):
+                    r = taken[i]
+                    gate = gates[r, e]
+                    for c in range(C):
+                        delta[r, c] += gate * answer[i, c]
+            add_rows(delta, x)
+        for r in range(n):
+            norm_row(x[r], w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed[r])
+        linear(normed, w.lm_head, 0, w.lm_head_bias, logits[b])
 
 
 @kernel(tag=FAST)
-def linear(x, weight, bias, out):
-    """out (N,) = x (K,) @ weight (K, N) + bias (N,)."""
+def greedy_steps(tokens, position, w, keys, values, chosen, logits):
+    """tokens (B, n) through `decode_step` at `position`, then one token per step, each the argmax of
+    the last logits; chosen (B, steps) and logits (B, steps, V) are written (see `decode_greedy`).
+    One call for the whole loop: no Python between the steps."""
+    B, n = tokens.shape
+    steps, V = chosen.shape[1], logits.shape[2]
+    first = np.empty((B, n, V), logits.dtype)  # the logits of the n tokens
+    decode_step(tokens, position, w, keys, values, first)
+    last = np.empty((B, 1, V), logits.dtype)  # the logits the next token is chosen from
+    last[:, 0] = first[:, n - 1]
+    token = np.empty((B, 1), np.int64)  # the token of the next step
+    for s in range(steps):
+        if s > 0:
+            decode_step(token, position + n + s - 1, w, keys, values, last)
+        for b in range(B):
+            logits[b, s] = last[b, 0]
+            chosen[b, s] = np.argmax(last[b, 0])
+            token[b, 0] = chosen[b, s]
+
+
+@kernel(tag=FAST)
+def add_rows(delta, x):
+    """x (n, C) += delta (n, C)."""
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            x[r, c] += delta[r, c]
+
+
+@kernel(tag=FAST)
+def linear(x, m, slot, bias, out):
+    """out (n, N) = x (n, K) @ W + bias (N,), W the matrix `slot` of the Matrix m, in whichever form it has."""
     out[:] = 0
-    matvec_accumulate(x, weight, out)
-    for j in range(out.shape[0]):
-        out[j] += bias[j]
+    if m.bits == INT8:
+        rows_times_matrix(x, m.int8[slot], out)
+        scale = m.scale[slot, 0]  # (N,): one scale per column, taken out of its sums
+        for r in range(out.shape[0]):
+            for j in range(out.shape[1]):
+                out[r, j] *= scale[j]
+    elif m.bits == INT4:
+        rows_times_int4_matrix(x, m.int4[slot], m.scale[slot], m.group_size, out)
+    else:
+        rows_times_matrix(x, m.floats[slot], out)
+    for r in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[r, j] += bias[j]
 
 
-@kernel(tag=FAST)
-def matvec_accumulate(x, weight, out):
-    """out (N,) += x (K,) @ weight (K, N), four rows of weight at a time.
+@kernel(fastmath=CONTRACT, tag=FAST)
+def rows_times_matrix(x, weight, out):
+    """out (n, N) += x (n, K) @ weight (K, N), four rows of weight at a time; weight floats or int8 codes.
 
-    out[j] gathers x[i] weight[i, j] over i: the inner loop walks along rows of weight, contiguous
+    out[r, j] gathers x[r, i] weight[i, j] over i: the inner loop walks along rows of weight, contiguous
     in memory, writing N different outputs, which the compiler turns into vector instructions (a dot
     product per output, down a column, would stride through memory). Taking four rows per pass loads
-    and stores out a quarter as often as one row per pass would."""
+    and stores out a quarter as often as one row per pass would; the four rows, read from memory once,
+    serve every row r of x from the L1 cache. An int8 code becomes a float inside the multiply-add."""
+    n, K = x.shape
+    N = weight.shape[1]
+    real = out.dtype.type
+    rows_by_four = K - K % 4
+    for i in range(0, rows_by_four, 4):
+        w0, w1, w2, w3 = weight[i], weight[i + 1], weight[i + 2], weight[i + 3]  # (N,) each
+        for r in range(n):
+            x0, x1, x2, x3 = x[r, i], x[r, i + 1], x[r, i + 2], x[r, i + 3]
+            out_row = out[r]
+            for j in range(N):
+                out_row[j] += x0 * real(w0[j]) + x1 * real(w1[j]) + x2 * real(w2[j]) + x3 * real(w3[j])
+    for i in range(rows_by_four, K):  # the last K % 4 rows
+        weight_row = weight[i]
+        for r in range(n):
+            xi = x[r, i]
+            out_row = out[r]
+            for j in range(N):
+                out_row[j] += xi * real(weight_row[j])
+
+
+@kernel(fastmath=CONTRACT, tag=FAST)
+def rows_times_int4_matrix(x, packed, scale, group_size, out):
+    """out (n, N) += x (n, K) @ Ŵ, Ŵ[k, j] = scale[k // G, j] q[k, j], the codes q packed two per byte
+    (packed (ceil(K/2), N): row k in byte row k // 2, shifted by 4 (k mod 2), stored as q + 8).
+
+    The codes are unpacked inside the multiply-adds: two byte rows (four rows of codes) per pass
+    along the row, a mask or a shift, a subtraction and a conversion per code, vectorized; each
+    group's sums are gathered apart and added times the group's scales, so a scale multiplies once
+    per group and output. Rows of codes that do not make up two whole byte rows inside the group
+    (an odd G, the group's end) are taken one at a time."""
+    n, K = x.shape
+    N = out.shape[1]
+    real = out.dtype.type
+    mask, shift, offset = np.int32(15), np.int32(4), np.int32(8)  # int32: converts to a float in one vector instruction
+    partial = np.empty(N, out.dtype)  # one row's sums over the current group
+    for g in range(scale.shape[0]):
+        start, stop = g * group_size, min(K, (g + 1) * group_size)
+        scale_row = scale[g]
+        for r in range(n):
+            partial[:] = 0
+            k = start
+            while k < stop:
+                if k % 2 == 0 and k + 3 < stop:  # byte rows k/2 and k/2 + 1: rows k .. k + 3, all in this group
+                    bytes0, bytes1 = packed[k // 2], packed[k // 2 + 1]
+                    x0, x1, x2, x3 = x[r, k], x[r, k + 1], x[r, k + 2], x[r, k + 3]
+                    for j in range(N):
+                        c0, c1 = np.int32(bytes0[j]), np.int32(bytes1[j])
+                        partial[j] += (x0 * real((c0 & mask) - offset) + x1 * real((c0 >> shift) - offset)
+                                       + x2 * real((c1 & mask) - offset) + x3 * real((c1 >> shift) - offset))  # fmt: skip
+                    k += 4
+                else:
+                    byte_row, xk, nibble = packed[k // 2], x[r, k], np.int32(4 * (k % 2))
+                    for j in range(N):
+                        partial[j] += xk * real(((np.int32(byte_row[j]) >> nibble) & mask) - offset)
+                    k += 1
+            out_row = out[r]
+            for j in range(N):
+                out_row[j] += scale_row[j] * partial[j]
+
+
+@kernel(tag=FAST)
+def table_row(t, row, out):
+    """out (C,) = row `row` of the Table t, dequantized if it holds codes."""
+    C = out.shape[0]
+    real = out.dtype.type
+    if t.bits == INT8:
+        s = t.scale[row, 0]
+        for c in range(C):
+            out[c] = s * real(t.int8[row, c])
+    elif t.bits == INT4:
+        for c in range(C):
+            code = int((t.int4[row, c // 2] >> (4 * (c % 2))) & 15) - 8
+            out[c] = t.scale[row, c // t.group_size] * real(code)
+    else:
+        for c in range(C):
+            out[c] = t.floats[row, c]
+
+
+@kernel(fastmath=CONTRACT, tag=FAST)
+def matvec_accumulate(x, weight, out):
+    """out (N,) += x (K,) @ weight (K, N), four rows at a time: `rows_times_matrix` for one row x,
+    which attention uses for p (t + 1,) @ values (t + 1, D)."""
     K, N = weight.shape
     rows_by_four = K - K % 4
     for i in range(0, rows_by_four, 4):
@@ -430,7 +761,7 @@ def rotate_heads(qkv, start, H, D, cos, sin):
 def attend(qkv, h, keys, values, position, scale, slope, probs, out):
     """Query head h's q = qkv[hD : hD + D] against the keys and values (T, D) of its key/value head
     at positions 0 .. position: out[hD : hD + D] = softmax(q kᵀ scale - slope (position - j)) v.
-    slope: ALiBi's, 0 without it. probs (position + 1,) is scratch."""
+    slope: ALiBi's, 0 without it. probs (>= position + 1,) is scratch."""
     n, D = position + 1, keys.shape[1]
     zero = keys.dtype.type(0)
     q = qkv[h * D : h * D + D]
@@ -456,27 +787,25 @@ def attend(qkv, h, keys, values, position, scale, slope, probs, out):
 
 
 @kernel(tag=FAST)
-def route(a, router_weight, top_k, probs, chosen, gates):
-    """A mixture of experts' choice for one token a (C,): probs (E,) = softmax(a @ router_weight
-    (C, E)); chosen (E,) marks the top_k most probable experts; gates (E,) = each chosen expert's
-    probability over the sum of the chosen ones (with top_k = 1: the probability itself, Switch
-    Transformer's gate, as gpt/model/electives/moe.py has it), 0 for the others.
+def route(router_logits, top_k, probs, chosen, gates):
+    """A mixture of experts' choice for one token from its router logits (E,) (a @ router_weight):
+    probs (E,) = their softmax; chosen (E,) marks the top_k most probable experts; gates (E,) = each
+    chosen expert's probability over the sum of the chosen ones (with top_k = 1: the probability
+    itself, Switch Transformer's gate, as gpt/model/electives/moe.py has it), 0 for the others.
 
     The experts are picked one at a time, each the most probable of those left: a strict > keeps
     the first of equal probabilities, the lower expert number, which is the order the module's
     stable sort gives (gpt/model/electives/moe.py), so both choose the same experts. The chosen probabilities
     are summed in the order they were picked, as the module sums them."""
     E = probs.shape[0]
-    zero = a.dtype.type(0)
-    probs[:] = 0
-    matvec_accumulate(a, router_weight, probs)  # the router's logits (E,)
-    row_max = probs[0]
+    zero = probs.dtype.type(0)
+    row_max = router_logits[0]
     for e in range(1, E):
-        if probs[e] > row_max:
-            row_max = probs[e]
+        if router_logits[e] > row_max:
+            row_max = router_logits[e]
     total = zero
     for e in range(E):
-        probs[e] = exp_of_nonpositive(probs[e] - row_max)
+        probs[e] = exp_of_nonpositive(router_logits[e] - row_max)
         total += probs[e]
     for e in range(E):
         probs[e] /= total
@@ -491,7 +820,7 @@ def route(a, router_weight, top_k, probs, chosen, gates):
         chosen[best] = True
         picked += probs[best]
     if top_k == 1:
-        picked = a.dtype.type(1)  # Switch's gate: the probability, not p / p = 1
+        picked = probs.dtype.type(1)  # Switch's gate: the probability, not p / p = 1
     for e in range(E):
         if chosen[e]:
             gates[e] = probs[e] / picked
@@ -499,16 +828,20 @@ def route(a, router_weight, top_k, probs, chosen, gates):
 
 @kernel(tag=FAST)
 def gelu_in_place(h):
-    """h = h/2 (1 + tanh(k (h + 0.044715 h³))), k = √(2/π): GELU's tanh form, as the module's MLP."""
+    """h (n, F) = h/2 (1 + tanh(k (h + 0.044715 h³))), k = √(2/π): GELU's tanh form, as the module's MLP."""
     real = h.dtype.type
     half, one, k, cubic = real(0.5), real(1), real(SQRT_2_OVER_PI), real(CUBIC)
-    for i in range(h.shape[0]):
-        x = h[i]
-        h[i] = half * x * (one + tanh(k * (x + cubic * x * x * x)))
+    for r in range(h.shape[0]):
+        row = h[r]
+        for i in range(row.shape[0]):
+            x = row[i]
+            row[i] = half * x * (one + tanh(k * (x + cubic * x * x * x)))
 
 
 @kernel(tag=FAST)
 def swiglu_in_place(gate, up):
-    """gate = silu(gate) * up = gate σ(gate) up."""
-    for i in range(gate.shape[0]):
-        gate[i] = gate[i] * sigmoid(gate[i]) * up[i]
+    """gate (n, F) = silu(gate) * up = gate σ(gate) up."""
+    for r in range(gate.shape[0]):
+        gate_row, up_row = gate[r], up[r]
+        for i in range(gate_row.shape[0]):
+            gate_row[i] = gate_row[i] * sigmoid(gate_row[i]) * up_row[i]

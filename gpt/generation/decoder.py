@@ -35,6 +35,10 @@ from microtensor import InputError, InputTypeError, nn
 from microtensor.checks import is_integer, is_real_number
 
 SINGLE_THREAD_TOKENS = 16  # steps over at most this many tokens run the kernels on one thread
+# At most this many new tokens per sequence go through the fast set's decode kernel (its products
+# share each weight read among them); more (a long prompt, a rebuilt window) go through the modules,
+# whose products use every thread.
+KERNEL_TOKENS = 16
 
 
 def window_start(length, start, block_size):
@@ -117,9 +121,10 @@ class Decoder:
             # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
             with mt.num_threads(1 if window.size <= SINGLE_THREAD_TOKENS else None):
                 logits = model(window)[0].data[:, self.fed :]  # (B, m, V)
-        elif new_tokens.shape[1] == 1 and self.kernel is not None:
-            # one token per sequence: one kernel over every layer replaces its trip through the modules
-            logits = self.kernel.decode(self.kernel_weights, new_tokens[:, 0], self.fed, self.keys, self.values)[:, None]
+        elif self.kernel is not None and new_tokens.shape[1] <= KERNEL_TOKENS:
+            # a few new tokens per sequence (one per step, a speculative round's k + 1, a short prompt):
+            # one kernel over every layer replaces their trip through the modules
+            logits = self.kernel.decode(self.kernel_weights, new_tokens, self.fed, self.keys, self.values)  # (B, m, V)
         else:
             for cache in self.caches:
                 cache.length = self.fed  # a moved window or a rollback starts writing here
@@ -130,6 +135,30 @@ class Decoder:
             for cache in self.caches:
                 cache.length = self.fed
         return logits
+
+    def feed_greedy(self, sequences, steps):
+        """Greedy decoding's inner loop: `feed` the sequences (B, n), then choose `steps` tokens one
+        after another, each the argmax of the logits before it (ties: the lower id), and feed each
+        but the last. Returns (the chosen tokens (B, steps), the logits each was chosen from
+        (B, steps, V)). Under the fast set, when the window holds them all, the whole loop is one
+        kernel call (decode_kernel.decode_greedy); otherwise `feed` and an argmax in turn."""
+        n = sequences.shape[1]
+        self.advance(n)
+        new_tokens = sequences[:, self.start + self.fed :]  # (B, m)
+        fits = n + steps - 1 - self.start <= self.block  # the window does not move up to the last token fed
+        if self.kernel is not None and self.use_kv_cache and fits and 1 <= new_tokens.shape[1] <= KERNEL_TOKENS:
+            chosen, logits = self.kernel.decode_greedy(self.kernel_weights, new_tokens, self.fed, steps, self.keys, self.values)
+            self.fed += new_tokens.shape[1] + steps - 1
+            for cache in self.caches:
+                cache.length = self.fed
+            return chosen, logits
+        chosen, logits = [], []
+        for step in range(steps):
+            if step > 0:
+                sequences = np.concatenate([sequences, chosen[-1][:, None]], axis=1)
+            logits.append(self.feed(sequences)[:, -1])  # (B, V)
+            chosen.append(logits[-1].argmax(axis=-1))
+        return np.stack(chosen, axis=1), np.stack(logits, axis=1)
 
     def rollback(self, length):
         """Keep only the first `length` tokens of the sequences: the cache forgets the positions

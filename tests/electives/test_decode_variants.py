@@ -100,8 +100,8 @@ def test_the_decode_kernel_gives_the_module_path_tokens_logits_and_caches(option
     assert decode_kernel_fits(model.config)
     kernel_steps, kernel_calls = generation(model, monkeypatch, use_decode_kernel=True)
     module_steps, module_calls = generation(model, monkeypatch, use_decode_kernel=False)
-    # every step but the first of each window (the prompt, then the 8 tokens each rebuild keeps)
-    assert kernel_calls == NEW_TOKENS - 3
+    # every step, the first of each window too (the prompt, then the 8 tokens each rebuild keeps)
+    assert kernel_calls == NEW_TOKENS
     assert module_calls == 0
     assert len(kernel_steps) == len(module_steps) == NEW_TOKENS
     for step, (kernel, module) in enumerate(zip(kernel_steps, module_steps)):
@@ -143,7 +143,7 @@ def test_route_against_a_sort_in_python(dtype):
     experts (equal probabilities: the lower number first; columns repeated in the router give
     exact ties) and the gates (renormalized over the chosen experts; with top_k = 1 the
     probability itself, as gpt/model/electives/moe.py does)."""
-    from gpt.generation.decode_kernel import route
+    from gpt.generation.decode_kernel import route, rows_times_matrix
 
     rng = np.random.default_rng(5)
     C, E = 16, 6
@@ -154,7 +154,9 @@ def test_route_against_a_sort_in_python(dtype):
         a = rng.normal(0.0, 1.0, C).astype(dtype)
         top_k = int(rng.integers(1, E + 1))
         probs, chosen, gates = np.empty(E, dtype), np.empty(E, np.bool_), np.empty(E, dtype)
-        route(a, weight, top_k, probs, chosen, gates)
+        router_logits = np.zeros((1, E), dtype)
+        rows_times_matrix(a[None], weight, router_logits)  # the kernel's own product: equal columns, equal logits
+        route(router_logits[0], top_k, probs, chosen, gates)
         logits = a.astype(np.float64) @ weight.astype(np.float64)
         expected_probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         np.testing.assert_allclose(probs, expected_probs, rtol=1e-5 if dtype == np.float32 else 1e-12)
@@ -186,7 +188,58 @@ def test_alibi_positions_are_limited_by_the_cache_only():
     model = perturbed(mt.float64, pos="alibi")
     weights = decode_weights(model)
     keys, values = model.new_cache_arrays(1)
-    assert weights.wpe.shape == (0, 16) and not weights.position_table
+    assert weights.wpe.floats.shape == (0, 16) and not weights.position_table
     decode(weights, np.array([1]), BLOCK - 1, keys, values)
     with pytest.raises(InputError, match=rf"decode: position {BLOCK} is outside the cache of {BLOCK} positions"):
         decode(weights, np.array([1]), BLOCK, keys, values)
+
+
+@pytest.mark.parametrize("options", [{}] + VARIANTS, ids=["default"] + VARIANT_IDS)
+def test_several_new_tokens_in_one_step_equal_the_module_forward(options):
+    """decode with n new tokens per sequence (B, n), as speculative decoding verifies its proposals:
+    the logits of every new position, and the keys and values each writes, are the module forward's
+    over the whole sequence (each new token attends to the cache and to the new tokens before it,
+    not after it); and a later step of one token continues that cache."""
+    from gpt.generation.decode_kernel import decode, decode_weights
+
+    model = perturbed(mt.float64, **options)
+    tokens = np.random.default_rng(3).integers(0, VOCAB, (2, 11))
+    weights = decode_weights(model)
+    keys, values = model.new_cache_arrays(2)
+    logits = np.concatenate([
+        decode(weights, tokens[:, :3], 0, keys, values),  # a prompt of 3: (B, 3, V)
+        decode(weights, tokens[:, 3:8], 3, keys, values),  # five continuing it
+        decode(weights, tokens[:, 8], 8, keys, values)[:, None],  # one more, (B,) -> (B, V)
+        decode(weights, tokens[:, 9:11], 9, keys, values),
+    ], axis=1)  # fmt: skip
+    with mt.no_grad(), mt.using_kernels("readable"):
+        expected = model(tokens)[0].data  # (B, 11, V)
+        module_caches = model.new_caches(2)
+        model(tokens, caches=module_caches, offset=0)
+    assert_close("the logits of every new position", logits, expected, CROSS_SET_TOLERANCE[mt.float64])
+    for layer, cache in enumerate(module_caches):
+        assert_close(f"layer {layer}'s keys", keys[layer, :, :, :11], cache.k[:, :, :11], CROSS_SET_TOLERANCE[mt.float64])
+        assert_close(f"layer {layer}'s values", values[layer, :, :, :11], cache.v[:, :, :11], CROSS_SET_TOLERANCE[mt.float64])
+
+
+@pytest.mark.parametrize("options", [{}, VARIANTS[4], VARIANTS[5]], ids=["default", VARIANT_IDS[4], VARIANT_IDS[5]])
+def test_greedy_steps_in_one_call_equal_feeding_the_argmax_in_turn(options):
+    """decode_greedy (speculative decoding's greedy draft): the tokens of feeding each argmax back in
+    turn with decode, the logits each was chosen from, and the same cache."""
+    from gpt.generation.decode_kernel import decode, decode_greedy, decode_weights
+
+    model = perturbed(mt.float64, **options)
+    weights = decode_weights(model)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    keys, values = model.new_cache_arrays(2)
+    chosen, logits = decode_greedy(weights, prompt, 0, 6, keys, values)
+    expected_keys, expected_values = model.new_cache_arrays(2)
+    step_logits = decode(weights, prompt, 0, expected_keys, expected_values)[:, -1]
+    for step in range(6):
+        token = step_logits.argmax(axis=-1)
+        np.testing.assert_array_equal(chosen[:, step], token, err_msg=f"step {step}")
+        assert_close(f"the logits of step {step}", logits[:, step], step_logits, 1e-12)
+        if step < 5:
+            step_logits = decode(weights, token, 3 + step, expected_keys, expected_values)
+    assert_close("the keys", keys[:, :, :, :8], expected_keys[:, :, :, :8], 1e-12)
+    assert_close("the values", values[:, :, :, :8], expected_values[:, :, :, :8], 1e-12)

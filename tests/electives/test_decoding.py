@@ -181,6 +181,30 @@ def test_speculative_decoding_at_temperature_0_is_the_targets_greedy_output(kern
     assert accepted > 0 and rejected > 0
 
 
+@needs_jit
+def test_the_target_scores_each_rounds_proposals_in_one_call_of_the_decode_kernel(monkeypatch):
+    """Under the fast set, a round's k + 1 rows of the target go through the decode kernel in one
+    call (their products share each weight read), not through the modules; the output stays the
+    target's greedy output."""
+    from gpt.generation import decode_kernel
+
+    calls = []
+    original = decode_kernel.decode
+
+    def counted(weights, tokens, *rest):
+        calls.append(np.shape(tokens))
+        return original(weights, tokens, *rest)
+
+    monkeypatch.setattr(decode_kernel, "decode", counted)
+    target = tiny_gpt(0, vocab_size=6, pos="rope", n_layer=2)
+    draft = noisy_copy(target, 0.01, seed=7, n_layer=2)
+    with mt.using_kernels("fast"):
+        tokens, stats = speculative_generate(target, draft, [1, 2], 5, 4, temperature=0)
+        expected = greedy(target, [1, 2], 5)
+    assert tokens.tolist() == expected.tolist()
+    assert (1, 5) in calls  # a verification of 4 proposals: 5 rows, one call
+
+
 def test_speculative_decoding_with_the_target_as_its_own_draft_accepts_everything():
     target = tiny_gpt(0, vocab_size=6)
     tokens, stats = speculative_generate(target, target, [1, 2], 20, 3, temperature=1.0, seed=0)

@@ -419,3 +419,55 @@ def test_int4_codes_read_back_low_nibble_first(layout):
     np.testing.assert_array_equal(qm.dequantize(), w)  # scales 1 and 1/7: exact
     codes = np.random.default_rng(0).integers(-7, 8, (5, 4))  # K = 5, odd: a padded last byte row
     np.testing.assert_array_equal(Q.unpack_int4(Q.pack_int4(codes), 5), codes)
+
+
+@needs_jit
+@pytest.mark.parametrize("bits, group_size", [(8, None), (4, 8), (4, 3)], ids=["int8", "int4-groups-of-8", "int4-groups-of-3"])
+@pytest.mark.parametrize("tie_weights, mlp, bias", [(True, "gelu", False), (False, "swiglu", True), (True, "moe", False)])
+def test_the_decode_kernel_reads_the_codes_as_the_modules_do(bits, group_size, tie_weights, mlp, bias):
+    """The fast set's decode kernel on a quantized model (its codes and scales, never a float copy):
+    the logits of one and of several new tokens per step, and the keys and values they write, equal
+    the quantized modules' forward under the readable set (float64: only the order of the sums
+    differs). Groups of 3 put the two codes of a byte in different groups; the learned position
+    table is quantized too."""
+    from gpt.generation import decode_kernel
+
+    model = quantized_copy(tiny_gpt(3, tie_weights, mlp, bias), bits, group_size)
+    assert decode_kernel.can_run(model)
+    weights = decode_kernel.decode_weights(model)
+    assert weights.c_attn.bits == weights.lm_head.bits == weights.wte.bits == weights.wpe.bits == bits
+    tokens = np.random.default_rng(4).integers(0, 13, (2, 8))
+    keys, values = model.new_cache_arrays(2)
+    logits = np.concatenate([
+        decode_kernel.decode(weights, tokens[:, :1], 0, keys, values),
+        decode_kernel.decode(weights, tokens[:, 1], 1, keys, values)[:, None],
+        decode_kernel.decode(weights, tokens[:, 2:8], 2, keys, values),  # six rows sharing each weight read
+    ], axis=1)  # fmt: skip
+    with mt.no_grad(), mt.using_kernels("readable"):
+        expected = model(tokens)[0].numpy()
+        caches = model.new_caches(2)
+        model(tokens, caches=caches, offset=0)
+    np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())
+    for layer, cache in enumerate(caches):
+        np.testing.assert_allclose(keys[layer], cache.k, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(values[layer], cache.v, rtol=1e-10, atol=1e-12)
+
+
+@needs_jit
+@pytest.mark.parametrize("bits, group_size", [(8, None), (4, 4)])
+def test_quantized_generation_takes_the_decode_kernel(bits, group_size, monkeypatch):
+    """Under the fast set a quantized model's steps (a short prompt, then one token each) are decode
+    kernel calls, and its greedy tokens are those of the readable set's modules."""
+    from gpt.generation import decode_kernel
+
+    calls = []
+    original = decode_kernel.decode
+    monkeypatch.setattr(decode_kernel, "decode", lambda *args: calls.append(1) or original(*args))
+    model = quantized_copy(tiny_gpt(2, True), bits, group_size)
+    prompt = np.array([[1, 5, 2]])
+    with mt.using_kernels("fast"):
+        fast = model.generate(prompt, 4, temperature=0).numpy()
+    with mt.using_kernels("readable"):
+        readable = model.generate(prompt, 4, temperature=0).numpy()
+    assert len(calls) == 4  # the 3-token prompt, then one call per token fed
+    np.testing.assert_array_equal(fast, readable)

@@ -15,11 +15,12 @@ Speculative decoding: after each prompt, as many new tokens as fill the target's
 no window moves: a move rebuilds the caches, a cost that is neither side's), at temperature 0 and
 0.8, with k = 2, 4, 6 proposals per round: the acceptance rate, the new tokens per target forward, and the tokens/s
 against the target alone (GPT.generate_tokens with its KV cache; both under the fast kernel set,
-whose one-token steps are the decode kernel). Each time is the median of --repeat runs (default
+whose steps are the decode kernel). Each time is the median of --repeat runs (default
 3), the runs of every variant taken in turn. At temperature 0 the output must equal the target's
 greedy output; that is checked. The costs that decide the speed-up are measured too: one token of
-the target through the decode kernel, the target's forward of k + 1 tokens through the modules
-(how speculative decoding verifies), and one token of the draft.
+the target through the decode kernel, the target's k + 1 tokens in one call of the decode kernel
+(how speculative decoding verifies), one token of the draft, and the draft's k greedy proposals in
+one call (how it proposes at temperature 0).
 """
 import statistics
 import tempfile
@@ -136,8 +137,8 @@ def measure_speculative(target, draft, prompts, repeat):
 
 def measure_costs(target, draft, prompt):
     """Seconds of the pieces of one round: a token of the target through the decode kernel (what
-    the target alone pays per token), the target's forward of k + 1 tokens through the modules over
-    its cache (one verification), and a token of the draft through the decode kernel."""
+    the target alone pays per token), the target's k + 1 tokens over its cache in one call (one
+    verification), a token of the draft, and the draft's k greedy tokens in one call."""
     costs = {}
     with mt.no_grad():
         for name, model in (("target", target), ("draft", draft)):
@@ -161,7 +162,17 @@ def measure_costs(target, draft, prompt):
                 cache.rollback(longer.shape[1] - k - 1)
                 cache.feed(longer)
 
-            costs[f"target_forward_{k + 1}_tokens_modules_s"] = median_seconds(verify, 50, warmup=1)[0]
+            costs[f"target_{k + 1}_tokens_one_call_s"] = median_seconds(verify, 50, warmup=1)[0]
+        cache = Decoder(draft, 1, len(prompt))
+        sequence = np.array([prompt])
+        cache.feed(sequence)
+        for k in SPECULATE:
+
+            def propose(cache=cache, sequence=sequence, k=k):
+                cache.rollback(sequence.shape[1] - 1)
+                cache.feed_greedy(sequence, k)
+
+            costs[f"draft_{k}_greedy_tokens_one_call_s"] = median_seconds(propose, 50, warmup=1)[0]
     return costs
 
 

@@ -15,14 +15,17 @@ input rows):
   character per token);
 - generation: 200 new tokens, greedy, with the KV cache, from a newline, batch 1, the fast kernel
   set; the median of --repeat runs (default 3) after a warm-up run, the variants taken in turn.
-  A float32 model's one-token steps run the fast set's decode kernel (the whole model in one
-  kernel); a quantized model's go through the modules, each Linear its quantized product. So
-  float32 is also timed through the modules ("float32, modules": the decode kernel switched off
-  here by harness.decode_kernel_off), which is the fair comparison of the
-  products. With block_size 64, every variant feeds its last 32 tokens through the modules again
-  each time the window passes block_size (gpt/generation/decoder.py's window rule): that is in every time.
-  Also: where the greedy tokens first differ from float32's (once one token differs, the
-  texts go separate ways, so the count of equal tokens after it says little).
+  Each model's steps run the fast set's decode kernel (the whole model in one call; a quantized
+  model's codes are read by the kernel and dequantized inside its products), and again through
+  the modules (the decode kernel switched off by harness.decode_kernel_off), each Linear its
+  quantized product. With block_size 64, every variant feeds its last 32 tokens through the modules
+  again each time the window passes block_size (gpt/generation/decoder.py's window rule): that is
+  in every time. Also: where the greedy tokens first differ from float32's (once one token
+  differs, the texts go separate ways, so the count of equal tokens after it says little).
+- generation speed at larger sizes, where the float32 weights outgrow a core's L2 cache: nanoGPT's
+  character model (6 layers, 6 heads, 384 wide) and the default recipe, both with block 256 and
+  randomly initialized weights (speed does not depend on training), 255 greedy tokens from one
+  token through the decode kernel, float32 against int8 and int4, in turns.
 """
 import math
 import statistics
@@ -33,10 +36,12 @@ import numpy as np
 from harness import TINYSHAKESPEARE, conditions_line, decode_kernel_off, in_turns, trained_checkpoint, trained_model
 
 import microtensor as mt
+from gpt.model.transformer import GPT, GPTConfig
 from gpt.text.data import Batches, load_text
 from gpt.model.electives.quantize import quantize_model, weight_bytes
 
 NEW_TOKENS = 200
+SIZES = {"default recipe, block 256": dict(n_layer=4, n_head=4, n_embd=128), "nanoGPT 6L/6H/384, block 256": dict(n_layer=6, n_head=6, n_embd=384)}
 EVAL_WINDOWS_PER_BATCH = 32
 
 
@@ -81,6 +86,37 @@ def generator(model, prompt, decode_kernel):
     return run
 
 
+def speed_at(options, group_size, repeat):
+    """tokens/s of float32, int8 and int4 through the decode kernel for a random model of these
+    options, 255 greedy tokens from one, the variants in turns; and each one's ratio to float32."""
+    config = GPTConfig(vocab_size=65, block_size=256, **options)
+    models = {}
+    for name, bits, group in (("float32", None, None), ("int8", 8, None), ("int4", 4, group_size)):
+        mt.manual_seed(0)
+        models[name] = GPT(config)
+        if bits is not None:
+            quantize_model(models[name], bits, group)
+    prompt = mt.tensor(np.zeros((1, 1), dtype=np.int64))
+
+    def run(model):
+        def generate():
+            with mt.using_kernels("fast"):
+                return model.generate(prompt, config.block_size - 1, temperature=0)
+
+        return generate
+
+    runs = {name: run(model) for name, model in models.items()}
+    for generate in runs.values():
+        generate()  # the warm-up
+    times = in_turns(runs, repeat)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    weight_mb = {name: weight_bytes(model)["total"] / 1e6 for name, model in models.items()}
+    return {
+        name: {"tokens_per_s": (config.block_size - 1) / medians[name], "vs_float32": medians["float32"] / medians[name], "weight_mb": weight_mb[name]}
+        for name in models
+    }
+
+
 def options(p):
     p.add_argument("--data", default=str(TINYSHAKESPEARE), help="text to train on and to take the validation split from")
     p.add_argument("--iters", type=int, default=500, help="training steps of the model")
@@ -114,12 +150,7 @@ def measure(args, machine):
 
     newline = tokenizer.encode("\n")
     prompt = mt.tensor(np.array([newline], dtype=np.int64))
-    runs = {
-        "float32, decode kernel": generator(models_["float32"], prompt, decode_kernel=True),
-        "float32, modules": generator(models_["float32"], prompt, decode_kernel=False),
-        "int8, modules": generator(models_["int8"], prompt, decode_kernel=False),
-        "int4, modules": generator(models_["int4"], prompt, decode_kernel=False),
-    }
+    runs = {f"{name}, {path}": generator(models_[name], prompt, decode_kernel=path == "decode kernel") for name in variants for path in ("decode kernel", "modules")}
     tokens = {name: np.asarray(run()) for name, run in runs.items()}  # also the warm-up
     times = in_turns(runs, repeat)
     reference = tokens["float32, decode kernel"]
@@ -133,17 +164,71 @@ def measure(args, machine):
             "median_s": seconds, "tokens_per_s": NEW_TOKENS / seconds, "times_s": times[name],
             "first_token_differing_from_float32": int(differ[0]) if differ.size else None,
         }  # fmt: skip
-    sample = {name: tokenizer.decode(tokens[name][-NEW_TOKENS:][:80]) for name in ("float32, decode kernel", "int8, modules", "int4, modules")}
+    sample = {name: tokenizer.decode(tokens[name][-NEW_TOKENS:][:80]) for name in ("float32, decode kernel", "int8, decode kernel", "int4, decode kernel")}
+    for name in variants:
+        if not np.array_equal(tokens[f"{name}, modules"], tokens[f"{name}, decode kernel"]):
+            raise SystemExit(f"bench_quantize: {name} generates different tokens through the modules and through the decode kernel")
+    sizes = {size: speed_at(options, args.group_size, repeat) for size, options in SIZES.items()}
 
     results = {
         "checkpoint": folder.name, "iters": args.iters, "group_size": args.group_size, "new_tokens": NEW_TOKENS, "repeat": repeat,
-        "models": rows, "generation": generation, "samples": sample,
+        "models": rows, "generation": generation, "samples": sample, "sizes": sizes,
     }  # fmt: skip
     return {"machine": machine, "quantize": results}
 
 
 def markdown(data):
     """The tables of a run's JSON (the dict measure() returns), and the conditions they ran under."""
+    results = data["quantize"]
+    rows, generation = results["models"], results["generation"]
+    if "int8, decode kernel" not in generation:
+        return markdown_before_kernel_codes(data)
+    float_bytes = rows["float32"]["weight_bytes"]["total"]
+    lines = [
+        (
+            f"The default recipe after {results['iters']} training steps: val loss over {rows['float32']['val_tokens']:,} validation tokens; "
+            f"{results['new_tokens']} greedy tokens with the KV cache, median of {results['repeat']} runs:"
+        ),
+        "",
+        "| weights | bytes | vs float32 | val loss | Δ val loss | bits/char | tokens/s (decode kernel) | tokens/s (modules) | greedy text = float32's for |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        label = name if name != "int4" else f"int4 (groups of {results['group_size']})"
+        gen = generation[f"{name}, modules"]
+        kernel = generation[f"{name}, decode kernel"]
+        delta = row["val_loss"] - rows["float32"]["val_loss"]
+        first = kernel["first_token_differing_from_float32"]
+        same = f"all {results['new_tokens']} tokens" if first is None else f"{first} tokens"
+        lines.append(
+            f"| {label} | {row['weight_bytes']['total']:,} | {row['weight_bytes']['total'] / float_bytes:.3f} | {row['val_loss']:.4f} | "
+            f"{delta:+.5f} | {row['bits_per_character']:.4f} | {kernel['tokens_per_s']:,.0f} | {gen['tokens_per_s']:,.0f} | {same} |"
+        )
+    lines += [
+        "",
+        "| weights | codes (bytes) | scales (bytes) | float (bytes) | total (bytes) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        wb = row["weight_bytes"]
+        lines.append(f"| {name} | {wb['codes']:,} | {wb['scales']:,} | {wb['float']:,} | {wb['total']:,} |")
+    if results.get("sizes"):
+        lines += [
+            "",
+            "Generation speed through the decode kernel, random weights, 255 greedy tokens from one (medians, in turns):",
+            "",
+            "| model | weights | MB | tokens/s | vs float32 |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for size, speeds in results["sizes"].items():
+            for name, speed in speeds.items():
+                lines.append(f"| {size} | {name} | {speed['weight_mb']:.2f} | {speed['tokens_per_s']:,.0f} | {speed['vs_float32']:.2f}× |")
+    lines += ["", conditions_line(data["machine"])]
+    return "\n".join(lines)
+
+
+def markdown_before_kernel_codes(data):
+    """The tables of a run made when quantized models generated through the modules only."""
     results = data["quantize"]
     rows, generation = results["models"], results["generation"]
     float_bytes = rows["float32"]["weight_bytes"]["total"]

@@ -116,15 +116,33 @@ class SpeculativeDecoder:
         self.draft_cache.advance(n)
         k = self.proposals_allowed(limit)
         V = self.target.config.vocab_size
-        proposed, q = [], np.zeros((k, V))
+        greedy = self.options[0] == 0
         sequence = self.sequence
-        for i in range(k):
-            q[i] = token_distribution(self.draft_cache.feed(sequence)[0, -1:], *self.options)[0]
-            proposed.append(draw(q[i], self.rng))
-            sequence = np.concatenate([sequence, [[proposed[-1]]]], axis=1)  # (1, n + i + 1)
+        if greedy and k > 0:
+            # temperature 0: q_i is one-hot at the draft's argmax, so the draft proposes its greedy
+            # tokens, all k in one call of its Decoder (one kernel call under the fast set)
+            chosen, _ = self.draft_cache.feed_greedy(sequence, k)  # (1, k)
+            proposed = chosen[0].tolist()
+            sequence = np.concatenate([sequence, chosen], axis=1)  # (1, n + k)
+        else:
+            proposed, q = [], np.zeros((k, V))
+            for i in range(k):
+                q[i] = token_distribution(self.draft_cache.feed(sequence)[0, -1:], *self.options)[0]
+                proposed.append(draw(q[i], self.rng))
+                sequence = np.concatenate([sequence, [[proposed[-1]]]], axis=1)  # (1, n + i + 1)
         # one target forward: the rows of positions n - 1 .. n + k - 1 give p_1 .. p_{k+1}
-        p = token_distribution(self.target_cache.feed(sequence)[0, -(k + 1) :], *self.options)  # (k + 1, V)
-        accepted, token = accept_or_resample(p, q, proposed, self.rng)
+        logits = self.target_cache.feed(sequence)[0, -(k + 1) :]  # (k + 1, V)
+        if greedy:
+            # p and q one-hot: the rule accepts d_i exactly when it is the target's argmax, and
+            # replaces the first that is not by the target's argmax (ties: the lower id, as greedy)
+            best = logits.argmax(axis=-1).tolist()  # (k + 1,)
+            accepted = 0
+            while accepted < k and proposed[accepted] == best[accepted]:
+                accepted += 1
+            token = best[accepted]
+        else:
+            p = token_distribution(logits, *self.options)  # (k + 1, V)
+            accepted, token = accept_or_resample(p, q, proposed, self.rng)
         new = (proposed[:accepted] + [token])[:limit]
         # Both caches forget the rejected proposals, and keep every new token but the last, which
         # the next round feeds (its logits predict the token after it).

@@ -27,9 +27,11 @@ backward is refused (there is nothing to differentiate). The products refuse an 
 a gradient while gradients are on (ops/electives/quantize.py says why). Quantize a copy (load the checkpoint
 again) to keep training the float model.
 
-Generation. The fast kernel set's one-token decode kernel (gpt/generation/decode_kernel.py) reads float
-weights only; a quantized model (`is_quantized`) takes every token through the modules, with the
-same KV cache, so the cached and recomputed paths still give the same logits.
+Generation. Under the fast kernel set, the decode kernel (gpt/generation/decode_kernel.py) reads the
+codes and scales as they are stored here and dequantizes them inside its products, so a quantized
+model's tokens take the same one-call step as a float model's, reading 1 byte (int8) or half a byte
+(int4) per weight instead of 4. Under the readable set every token goes through these modules, with
+the same KV cache.
 """
 import numpy as np
 
@@ -43,8 +45,6 @@ from gpt.model.electives.lora import lora_layers
 class QuantizedLinear(nn.Module):
     """nn.Linear's call, y = x @ Ŵ + b, with Ŵ (in_features, out_features) held as a QuantizedMatrix
     (`weight`: codes and scales, not a Parameter) and the bias kept as the float Parameter it was."""
-
-    fits_decode_kernel = False  # the one-token kernel (gpt/generation/decode_kernel.py) reads float weights, not codes
 
     def __init__(self, linear, bits=8, group_size=None):
         super().__init__()
@@ -70,8 +70,6 @@ class QuantizedEmbedding(nn.Module):
     "out_in" that stores the table's rows, one scale per row (int8) or per group of a row (int4).
     It stands for W = tableᵀ (C, V), so the same codes serve the lookup (rows of the table) and the
     tied head (`tied_head`: x @ tableᵀ)."""
-
-    fits_decode_kernel = False  # the one-token kernel (gpt/generation/decode_kernel.py) reads float weights, not codes
 
     def __init__(self, embedding, bits=8, group_size=None):
         super().__init__()
