@@ -323,3 +323,22 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
                 promoted[name] = names
     assert checked >= 20, f"only {checked} float32 kernels were found: is the search still right?"
     assert not promoted, f"float64 arithmetic in float32 kernels: {promoted}"
+
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(), (5,), (3, 7), (12, 64, 128)])  # one thread, and shared
+def test_the_sum_of_two_gradients_is_numpys_bit_for_bit(shape, dtype):
+    """The walk adds the gradients reaching one tensor along two paths; the fast twin adds them on
+    every thread, element by element: the same sums as numpy's, in a new array."""
+    from microtensor import autograd
+    from microtensor.fast import memory
+
+    rng = np.random.default_rng(len(shape))
+    held, more = (np.asarray(rng.standard_normal(shape)).astype(dtype) for _ in range(2))
+    for a, b in ((held, more), (held.T, more.T)):  # transposed: numpy's own sum
+        total = memory.add_gradients(a, b)
+        np.testing.assert_array_equal(total, autograd.add_gradients(a, b))
+        assert not np.shares_memory(total, a) and not np.shares_memory(total, b)
+
