@@ -412,6 +412,12 @@ def copy_gradient(grad):
     return np.array(grad, copy=True)
 
 
+def add_gradients(held, more):
+    """held + more, as a new array: two parts of one tensor's gradient, of one shape and dtype, that
+    reached it along different paths (the fast set has a twin of it)."""
+    return held + more
+
+
 def _accumulate_into_grad(tensor, grad):
     # The first gradient is copied: `grad` may be shared with other ops or be a read-only view.
     if tensor.grad is None:
@@ -557,7 +563,7 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
                 )
             key = id(inp)
             if key in grads:
-                grads[key] = grads[key] + input_grad  # a new array: never add into a shared one
+                grads[key] = active(add_gradients)(grads[key], input_grad)  # a new array: never add into a shared one
             else:
                 grads[key] = input_grad
         if not retain_graph:

@@ -416,7 +416,7 @@ MUTANTS = [
     # ----------------------------------------------------------------------------- the engine
     Mutant(
         "engine.accumulate_two_paths", "microtensor/autograd.py",
-        "grads[key] = grads[key] + input_grad",
+        "grads[key] = active(add_gradients)(grads[key], input_grad)",
         "grads[key] = input_grad",
         "tests/test_engine.py",
         why="a tensor reached along two paths keeps the gradient of the last one",

@@ -323,3 +323,45 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
                 promoted[name] = names
     assert checked >= 20, f"only {checked} float32 kernels were found: is the search still right?"
     assert not promoted, f"float64 arithmetic in float32 kernels: {promoted}"
+
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(), (5,), (3, 7), (12, 64, 128)])  # one thread, and shared
+def test_the_sum_of_two_gradients_is_numpys_bit_for_bit(shape, dtype):
+    """The walk adds the gradients reaching one tensor along two paths; the fast twin adds them on
+    every thread, element by element: the same sums as numpy's, in a new array."""
+    from microtensor import autograd
+    from microtensor.fast import memory
+
+    rng = np.random.default_rng(len(shape))
+    held, more = (np.asarray(rng.standard_normal(shape)).astype(dtype) for _ in range(2))
+    for a, b in ((held, more), (held.T, more.T)):  # transposed: numpy's own sum
+        total = memory.add_gradients(a, b)
+        np.testing.assert_array_equal(total, autograd.add_gradients(a, b))
+        assert not np.shares_memory(total, a) and not np.shares_memory(total, b)
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size", [7, 40_000])  # on the calling thread, and shared among the threads
+def test_the_optimizers_fast_updates_are_the_readable_ones_bit_for_bit(size, dtype):
+    """The fast twins share the elements among the threads, each element updated by the same
+    arithmetic: equal, not merely close."""
+    from microtensor import optim
+    from microtensor.fast import optimizer
+
+    rng = np.random.default_rng(size)
+    param, grad, m, v = (rng.standard_normal(size).astype(dtype) for _ in range(4))
+    v = np.abs(v)
+    adam = [dtype(s) for s in (1e-3, 0.9, 0.99, 1e-8, 0.1, 0.01, 0.1, 0.01)]
+    for readable_update, fast_update, arrays, scalars in (
+        (optim.adamw_update, optimizer.adamw_update, (param, grad, m, v), adam),
+        (optim.sgd_update, optimizer.sgd_update, (param, grad, m), adam[:3]),
+    ):
+        readable_arrays, fast_arrays = [a.copy() for a in arrays], [a.copy() for a in arrays]
+        readable_update(*readable_arrays, *scalars)
+        fast_update(*fast_arrays, *scalars)
+        for readable_array, fast_array in zip(readable_arrays, fast_arrays):
+            np.testing.assert_array_equal(fast_array, readable_array)

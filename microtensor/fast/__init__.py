@@ -8,7 +8,8 @@ ops the default GPT runs are at the top; those of the techniques (`ops/electives
 
     blas.py          numpy's BLAS called from compiled kernels, on Numba's threads
     vector_math.py   e^x, tanh, erf, the sigmoid and a row's max, written so that loops vectorize
-    memory.py        the copy of a leaf's first gradient into `.grad`
+    memory.py        the copy of a leaf's first gradient into `.grad`, and the sum of two gradients
+    optimizer.py     SGD's and AdamW's updates, shared among the threads
     process.py       process-wide settings for training speed, applied only when asked for
 
 Some ops have no fast twin, because their readable kernels are already as fast as they need be:
@@ -17,9 +18,6 @@ Some ops have no fast twin, because their readable kernels are already as fast a
 - the mixture of experts (ops/electives/moe.py): gathering rows, scatter-adding them and
   renormalizing k gates per token are memory traffic; the layer's arithmetic is in the experts'
   matrix products, which have their twins (matmul.py).
-- the optimizers (`sgd_update`, `adamw_update` in optim.py): one loop that reads and writes each
-  element once, with no sum to reorder (fastmath would only fuse multiplications and additions,
-  which changes the last bit of an update).
 
 What a kernel outside microtensor needs to be fast too (a model's own kernel, such as the one-token
 decode step) is here as well: `kernel` (Numba's compiler with microtensor's cache) and the vector
@@ -30,6 +28,6 @@ scripts in bench/ and reported in bench/README.md.
 """
 from ..kernels import kernel  # noqa: F401
 from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # noqa: F401  (the tanh form of GELU, for a fused kernel)
-from . import attention, cross_entropy, gelu, layer_norm, matmul, memory, softmax  # noqa: F401
+from . import attention, cross_entropy, gelu, layer_norm, matmul, memory, optimizer, softmax  # noqa: F401
 from .electives import online_attention, quantize, rms_norm, silu  # noqa: F401
 from .vector_math import REDUCE_FASTMATH, erf, exp_of_nonpositive, max_of_row, sigmoid, tanh  # noqa: F401

@@ -180,7 +180,7 @@ def blas_jobs(B, H, *products):
     if template is False:
         return None
     addresses = np.zeros((len(products), 11), dtype=np.int64)
-    addresses[:, blas.A : blas.C + 1 : blas.B - blas.A] = np.array([x.ctypes.data for x in arrays], dtype=np.int64).reshape(-1, 3)
+    addresses[:, blas.A : blas.C + 1 : blas.B - blas.A] = np.array([blas.address(x) for x in arrays], dtype=np.int64).reshape(-1, 3)
     return template + addresses  # (B H, len(products), 11) + (len(products), 11)
 
 
