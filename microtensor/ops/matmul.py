@@ -68,17 +68,40 @@ def matmul_forward(a, b, c):
 
     Loop order i, p, j: for each row i of a and each a_ip, add a_ip times row p of b into row i
     of c. The innermost loop walks along a row of b and a row of c (neighbouring numbers when the
-    arrays are C-contiguous); rows i are independent, so they run in parallel.
+    arrays are C-contiguous), and its iterations write different c_ij, so the compiler turns it
+    into vector instructions without reordering any sum.
+
+    Four rows at a time: rows i .. i+3 of c are computed together, so each b_pj, once loaded, is
+    used four times instead of once, and b is read n/4 times instead of n times (reading b, not
+    multiplying, is what bounds the one-row loop). Blocks of four rows are independent, so they run
+    in parallel; the last n % 4 rows go one at a time.
     """
     n, k = a.shape
     m = b.shape[1]
-    for i in prange(n):
-        for j in range(m):
-            c[i, j] = 0
-        for p in range(k):
-            a_ip = a[i, p]
+    for block in prange((n + 3) // 4):
+        i = 4 * block
+        if i + 4 <= n:
             for j in range(m):
-                c[i, j] += a_ip * b[p, j]
+                c[i, j] = 0
+                c[i + 1, j] = 0
+                c[i + 2, j] = 0
+                c[i + 3, j] = 0
+            for p in range(k):
+                a_0, a_1, a_2, a_3 = a[i, p], a[i + 1, p], a[i + 2, p], a[i + 3, p]  # column p of the four rows
+                for j in range(m):
+                    b_pj = b[p, j]  # loaded once, used four times
+                    c[i, j] += a_0 * b_pj
+                    c[i + 1, j] += a_1 * b_pj
+                    c[i + 2, j] += a_2 * b_pj
+                    c[i + 3, j] += a_3 * b_pj
+        else:
+            for row in range(i, n):  # the last n % 4 rows, one at a time
+                for j in range(m):
+                    c[row, j] = 0
+                for p in range(k):
+                    a_rp = a[row, p]
+                    for j in range(m):
+                        c[row, j] += a_rp * b[p, j]
 
 
 @kernel
