@@ -413,10 +413,23 @@ def test_generate_startup_and_convergence_rows():
                "peak_rss_training_mib": 190.4, "peak_rss_iters": 50}  # fmt: skip
     assert case_module("startup").result_rows({"startup": startup}) == [
         "| `import microtensor` (s) | 0.43 | | | | ≤ 0.5 s |",
-        "| `train.py --max-iters 1`, empty Numba cache (s) | 11.1 | | | | ≤ 15 s |",
+        "| `train.py --max-iters 1`, empty Numba cache (s) | 11.1 | | | | ≤ 10 s |",
         "| `train.py --max-iters 1`, filled cache (s) | 1.2 | | | | ≤ 3 s |",
         "| peak RSS training the default recipe for 50 steps, filled Numba cache (MiB) | 190 | | | | ≤ 200 MiB |",
     ]
+    assert case_module("startup").sections({"startup": startup}) == []  # recorded before the compile list
+    startup.update(train_max_iters_1_cold_cpu_s=9.54, cold_compiled={"compilations": 20, "kernels": {f"pkg.k{i}": 2.0 - i / 10 for i in range(14)}})
+    assert case_module("startup").result_rows({"startup": startup})[2] == "| the same, CPU seconds (user + system) | 9.5 | | | | |"
+    [(title, lines)] = case_module("startup").sections({"startup": startup})
+    assert title == "What a cold start compiles"
+    assert_lines("\n".join(lines), [
+        "`train.py --max-iters 1` with an empty Numba cache: 11.1 s wall, 9.5 s CPU; 18.9 s of it compiling 14 kernels "
+        "(20 compilations, a kernel's callees counted in its own time). The slowest:",
+        "| kernel | compile (s) | share of compiling |",
+        "| `pkg.k0` | 2.00 | 11% |",
+        "| `pkg.k11` | 0.90 | 5% |",
+        "| 2 more | 1.50 | 8% |",
+    ])  # fmt: skip
     convergence = {"steps": 1500, "final_val_loss": 1.87654, "data": "/somewhere/poems.txt"}
     assert case_module("convergence").result_rows({"convergence": convergence}) == [
         "| val loss after 1500 steps on poems.txt | 1.8765 | | | | ≤ 1.90 |"
