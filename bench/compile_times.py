@@ -1,5 +1,6 @@
 """Run a Python script with its arguments; print what Numba compiled on the way as the last line
-(JSON): each kernel with the seconds its compilation took, the kernels it calls included.
+(JSON): each kernel with the seconds its compilation took, the kernels it calls included, and the
+CPU seconds (user + system) of the whole run.
 
     python bench/compile_times.py train.py --max-iters 1
 
@@ -10,6 +11,7 @@ The script runs in this process, as in bench/peak_rss.py.
 """
 import json
 import os
+import resource
 import runpy
 import sys
 import time
@@ -50,4 +52,9 @@ except SystemExit as exit_:
     if exit_.code not in (0, None):
         raise
 outermost = listener.outermost()
-print(json.dumps({"compilations": len(listener.done), "kernels": dict(sorted(outermost.items(), key=lambda item: -item[1]))}))
+usage = resource.getrusage(resource.RUSAGE_SELF)  # this process, every thread of it
+print(json.dumps({
+    "compilations": len(listener.done),
+    "kernels": dict(sorted(outermost.items(), key=lambda item: -item[1])),
+    "cpu_s": usage.ru_utime + usage.ru_stime,
+}))  # fmt: skip
