@@ -388,8 +388,7 @@ def vector_isa():
     if "amx_tile" in flags:
         flags.add("amx")
     if not flags and sys.platform == "darwin":
-        names = {"avx2": "hw.optional.avx2_0", "avx512f": "hw.optional.avx512f", "neon": "hw.optional.neon",
-                 "avx512_bf16": "hw.optional.arm.FEAT_BF16", "sve": "hw.optional.arm.FEAT_SVE"}  # fmt: skip
+        names = {"avx2": "hw.optional.avx2_0", "avx512f": "hw.optional.avx512f", "neon": "hw.optional.neon", "sve": "hw.optional.arm.FEAT_SVE"}
         flags = {isa for isa, name in names.items() if _sysctl(name) == "1"}
     found = [isa for isa in VECTOR_ISAS if isa in flags]
     return ", ".join(found) if found else "none of " + ", ".join(VECTOR_ISAS)

@@ -141,6 +141,16 @@ def test_the_vector_isa_is_read_from_the_cpu_flags(monkeypatch):
     assert harness.vector_isa() == "none of avx2, avx512f, avx512_bf16, avx512_fp16, amx, neon, sve"
 
 
+def test_on_macos_the_cpu_and_its_isa_come_from_sysctl(monkeypatch):
+    answers = {"machdep.cpu.brand_string": "Apple M3", "hw.optional.neon": "1", "hw.optional.avx2_0": None}
+    monkeypatch.setattr(harness, "_cpuinfo", lambda field: None)
+    monkeypatch.setattr(harness, "_sysctl", answers.get)
+    monkeypatch.setattr(harness.sys, "platform", "darwin")
+    assert harness.vector_isa() == "neon"
+    assert harness.cpu_name() == "Apple M3" and harness.cpu_id() == "Apple M3"
+    assert harness.cpu_slug(harness.cpu_name()) == "apple-m3"
+
+
 @pytest.mark.parametrize(
     "model_name, vendor, family, model, flags, name, slug",
     [
