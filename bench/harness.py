@@ -5,9 +5,11 @@ measure and how to render its table; this module does the rest:
   tunes itself (`tune_process`), and PyTorch in another one (`TorchProcess`, bench/torch_side.py);
 - timing: a figure is the median of many timed calls after warm-up, and a comparison is a ratio
   measured at the same time, in blocks of calls that alternate between the two sides (`alternate`);
-- the conditions: the machine, its CPU model and vector ISA, the versions and the load average
-  before and after the run, recorded in every result (`machine_info`);
-- the results: bench/results/NAME.json per case, and bench/README.md built from them (`report`).
+- the conditions: the machine, its CPU (named by `cpu_name`) and vector ISA, the versions and the
+  load average before and after the run, recorded in every result (`machine_info`);
+- the results: bench/results/CPU/NAME.json per case, one folder per CPU measured (CPU is the CPU's
+  name made into a folder name, `cpu_slug`), and bench/README.md built from them, one section per
+  CPU (`report`).
 """
 import argparse
 import datetime
@@ -15,6 +17,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -29,8 +32,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # The corpus the benchmarks train on: kept beside the checkout, never inside it.
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-RESULTS = HERE / "results"
-VECTOR_ISAS = ("avx2", "avx512f", "neon")
+RESULTS = HERE / "results"  # one folder per CPU in it
+# The vector instruction sets that decide which kernels and BLAS paths are fast, as /proc/cpuinfo
+# spells them (amx: Intel's matrix tiles, flag amx_tile; neon: ARM's asimd; sve: ARM's scalable vectors).
+VECTOR_ISAS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx", "neon", "sve")
 # Two OpenBLAS settings some shared machines set and laptops do not; they slow numpy's BLAS.
 SLOWING_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 if str(ROOT) not in sys.path:  # the cases import microtensor and gpt from the checkout, installed or not
@@ -244,11 +249,14 @@ def decode_kernel_off():
 def machine_info():
     import numba
 
+    cpu = cpu_name()
     info = {
         "date": datetime.date.today().isoformat(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "processor": _cpuinfo("model name") or platform.processor() or "unknown",
+        "processor": cpu,
+        "cpu_slug": cpu_slug(cpu),
+        "cpu_id": cpu_id(),
         "isa": vector_isa(),
         "cores": os.cpu_count(),
         "numpy": np.__version__,
@@ -276,14 +284,114 @@ def _cpuinfo(field):
     return None
 
 
+def _sysctl(name):
+    """macOS's `sysctl -n name`, or None (not macOS, or no such name)."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+# Intel's family 6 model numbers -> the generation (Intel's own list, the parts a laptop or a
+# cloud machine is likely to have). A virtual machine may report another part's number: see cpu_name.
+INTEL_MODELS = {
+    78: "Skylake", 94: "Skylake", 85: "Skylake-SP / Cascade Lake", 142: "Kaby Lake / Coffee Lake",
+    158: "Kaby Lake / Coffee Lake", 165: "Comet Lake", 126: "Ice Lake", 106: "Ice Lake-SP",
+    140: "Tiger Lake", 141: "Tiger Lake", 167: "Rocket Lake", 151: "Alder Lake", 154: "Alder Lake",
+    183: "Raptor Lake", 186: "Raptor Lake", 191: "Raptor Lake", 170: "Meteor Lake", 189: "Lunar Lake",
+    197: "Arrow Lake", 198: "Arrow Lake", 143: "Sapphire Rapids", 207: "Emerald Rapids",
+    173: "Granite Rapids", 175: "Sierra Forest",
+}
+INTEL_WITH_AMX = {"Sapphire Rapids", "Emerald Rapids", "Granite Rapids"}
+# AMD's families -> the cores (family 25 covers both Zen 3 and Zen 4: the model tells them apart).
+AMD_FAMILIES = {23: "Zen / Zen 2", 25: "Zen 3 / Zen 4", 26: "Zen 5"}
+
+
+def cpu_id():
+    """What the CPU says it is: "GenuineIntel family 6 model 143", or the ARM implementer and part,
+    or macOS's brand string; "unknown" where none of these can be read."""
+    vendor, family, model = _cpuinfo("vendor_id"), _cpuinfo("cpu family"), _cpuinfo("model")
+    if vendor and family and model:
+        return f"{vendor} family {family} model {model}"
+    implementer, part = _cpuinfo("CPU implementer"), _cpuinfo("CPU part")
+    if implementer and part:
+        return f"ARM implementer {implementer} part {part}"
+    return _sysctl("machdep.cpu.brand_string") or platform.processor() or "unknown"
+
+
+def _brand(model_name):
+    """ "Intel(R) Xeon(R) Processor @ 2.60GHz" -> "Intel Xeon": the trademarks, the clock and the
+    words that name nothing dropped."""
+    text = re.sub(r"\((R|TM|tm)\)|@.*$|\bCPU\b|\b(\d+-Core )?Processor\b", " ", model_name)
+    return " ".join(text.split())
+
+
+def cpu_name(model_name=None, vendor=None, family=None, model=None, flags=None):
+    """A name for the CPU that tells machines apart: /proc/cpuinfo's model name, with the
+    generation added from the vendor, family and model numbers when the name does not say it
+    ("Intel(R) Xeon(R) Processor" is all a cloud machine may say). A model number that the CPU's
+    own flags contradict (AMX on a generation that has none: a virtual machine reporting another
+    part) is not trusted: the name then says what the flags prove. Unknown numbers give
+    "family F model M". On macOS, the brand string (sysctl). The arguments, for tests, replace what
+    /proc/cpuinfo says."""
+    model_name = model_name if model_name is not None else _cpuinfo("model name")
+    vendor = vendor if vendor is not None else _cpuinfo("vendor_id")
+    family = family if family is not None else _cpuinfo("cpu family")
+    model = model if model is not None else _cpuinfo("model")
+    flags = set((flags if flags is not None else _cpuinfo("flags") or "").split())
+    if not model_name:
+        return _sysctl("machdep.cpu.brand_string") or cpu_id()
+    brand = _brand(model_name)
+    if not (vendor and family and model and family.isdigit() and model.isdigit()):
+        return brand
+    family, model = int(family), int(model)
+    numbers = f"family {family} model {model}"
+    if vendor == "GenuineIntel" and family == 6:
+        generation = INTEL_MODELS.get(model)
+        if "amx_tile" in flags and generation not in INTEL_WITH_AMX:
+            proven = "with AMX and AVX512-FP16" if "avx512_fp16" in flags else "with AMX"
+            return f"{brand} ({proven}: Sapphire Rapids or later; reports {numbers})"
+    elif vendor == "AuthenticAMD":
+        generation = AMD_FAMILIES.get(family)
+    else:
+        generation = None
+    if generation is None:
+        return f"{brand} ({numbers})"
+    if any(word in brand for word in generation.replace("/", " ").split() if len(word) > 2):
+        return brand  # the model name says it already
+    return f"{brand} ({generation})"
+
+
+def cpu_slug(name):
+    """The CPU's name as a folder name: "Intel Xeon (Sapphire Rapids)" -> "intel-xeon-sapphire-rapids"
+    (the parenthesis' "reports family F model M" and the AMX evidence left out: they are in the JSON)."""
+    name = re.sub(r"; reports family \d+ model \d+|with AMX( and AVX512-FP16)?:", "", name)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-cpu"
+
+
+def results_folder(root=None, machine=None):
+    """Where this CPU's results go: root/CPU (root: bench/results)."""
+    slug = (machine or {}).get("cpu_slug") or cpu_slug((machine or {}).get("processor") or cpu_name())
+    return Path(root or RESULTS) / slug
+
+
 def vector_isa():
-    """The vector instruction sets among VECTOR_ISAS that the CPU has ("avx2, avx512f"), from
-    /proc/cpuinfo's flags (x86) or Features (ARM, where NEON is called asimd)."""
+    """The vector instruction sets among VECTOR_ISAS that the CPU has ("avx2, avx512f, amx"), from
+    /proc/cpuinfo's flags (x86) or Features (ARM, where NEON is called asimd), or from macOS's
+    sysctl hw.optional.* (Apple's ARM chips, Intel Macs)."""
     flags = set((_cpuinfo("flags") or _cpuinfo("Features") or "").split())
     if "asimd" in flags:
         flags.add("neon")
+    if "amx_tile" in flags:
+        flags.add("amx")
+    if not flags and sys.platform == "darwin":
+        names = {"avx2": "hw.optional.avx2_0", "avx512f": "hw.optional.avx512f", "neon": "hw.optional.neon", "sve": "hw.optional.arm.FEAT_SVE"}
+        flags = {isa for isa, name in names.items() if _sysctl(name) == "1"}
     found = [isa for isa in VECTOR_ISAS if isa in flags]
-    return ", ".join(found) if found else f"none of {', '.join(VECTOR_ISAS)}"
+    return ", ".join(found) if found else "none of " + ", ".join(VECTOR_ISAS)
 
 
 def cpu_text(machine):
@@ -336,7 +444,7 @@ def over_blocks(spread):
 
 def case_parser(case, module):
     p = argparse.ArgumentParser(prog=f"bench/run.py {case.name}", description=module.__doc__.splitlines()[0])
-    p.add_argument("--json", metavar="FILE", default=str(RESULTS / f"{case.name}.json"), help="where to write the results (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", default=str(results_folder() / f"{case.name}.json"), help="where to write the results (default: %(default)s, this CPU's folder)")
     p.add_argument("--repeat", type=int, default=None, help="timed repeats per measurement (default: per case)")
     p.add_argument("--no-torch", action="store_true", help="measure microtensor alone, even where PyTorch is installed")
     if hasattr(module, "options"):
@@ -383,36 +491,92 @@ def load(out, name):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def cpu_folders(out):
+    """The folders of `out` that hold results, one per CPU: the one with the most results first."""
+    folders = [folder for folder in Path(out).iterdir() if folder.is_dir() and any(folder.glob("*.json"))] if Path(out).is_dir() else []
+    return sorted(folders, key=lambda folder: (-len(list(folder.glob("*.json"))), folder.name))
+
+
+def folder_machine(folder, cases):
+    """The "machine" a CPU folder's results recorded (the first case's, in the order of `cases`)."""
+    for case in cases:
+        data = load(folder, case.name)
+        if data and "machine" in data:
+            return data["machine"]
+    return {"processor": folder.name}
+
+
 def report(out, cases, header, notes):
-    """bench/README.md's text (markdown) from the JSON files in `out`: the header, the Results table
-    (the core cases' rows), the core cases' sections, then each elective case's section."""
-    core = [(case.module(), load(out, case.name), load(out, f"{case.name}_default_env")) for case in cases if not case.elective]
-    measured = [(module, data) for module, data, _ in core if data]
+    """bench/README.md's text (markdown) from the JSON files in `out`: the header, a table of the CPUs
+    measured, then one section per CPU (a folder of `out`), each with its Results table (the core
+    cases' rows), the core cases' sections and each elective case's section."""
+    folders = cpu_folders(out)
+    sections = [header]
+    if not folders:
+        return "\n".join(sections + ["## Results\n", f"No results yet in {out}: run `python bench/run.py`.\n"])
+    sections += ["## The CPUs measured\n", CPUS_NOTE, "\n".join(cpus_table(folders, cases)) + "\n"]
+    for folder in folders:
+        sections += cpu_section(folder, cases, notes)
+    return "\n".join(sections)
+
+
+CPUS_NOTE = """\
+Each CPU has a section of its own below, from the results in its folder of `bench/results/`: the
+same code is faster or slower against PyTorch depending on the vector instructions and caches a CPU
+has, so a ratio holds for the CPU it was measured on. A case not run on a CPU has no row there.
+"""
+
+
+def cpus_table(folders, cases):
+    """One row per CPU: its name, vector ISA, folder, the cases measured, and the two ratios a reader
+    looks for first (the training step against PyTorch; the readable kernel set against the fast)."""
+    lines = ["| CPU | vector ISA | results | training step, PyTorch eager / microtensor | readable set / fast set |", "|---|---|---|---:|---:|"]
+    for folder in folders:
+        machine = folder_machine(folder, cases)
+        measured = [case.name for case in cases if (folder / f"{case.name}.json").exists()]
+        train = load(folder, "train") or {}
+        libraries = train.get("train", {}).get("libraries", {})
+        step_ratio = ratio(libraries.get("pytorch", {}).get("step"), libraries.get("microtensor", {}).get("step"))
+        readable = train.get("kernel_sets", {}).get("readable_over_fast")
+        lines.append(
+            f"| {machine['processor']} | {machine.get('isa', 'not recorded')} | `bench/results/{folder.name}/`: "
+            f"{len(measured)} of {len(cases)} cases | {x(step_ratio)} | {x(readable)} |"
+        )
+    return lines
+
+
+def cpu_section(folder, cases, notes):
+    """The sections of one CPU's results, under a heading that names the CPU and its vector ISA."""
+    machine = folder_machine(folder, cases)
+    measured = [case.name for case in cases if (folder / f"{case.name}.json").exists()]
+    sections = [
+        f"## {machine['processor']}\n",
+        f"Vector ISA: {machine.get('isa', 'not recorded')}. From `bench/results/{folder.name}/` ({', '.join(measured)}).\n",
+    ]
+    core = [(case.module(), load(folder, case.name), load(folder, f"{case.name}_default_env")) for case in cases if not case.elective]
+    measured_core = [(module, data) for module, data, _ in core if data]
     rows = []
     for module, data, rerun in core:
         rows += part(module, "result_rows", data) if data else []
         rows += module.default_environment_rows(rerun) if rerun else []
-    sections = [header, "## Results\n"]
     if rows:
         table = ["| measure | microtensor | PyTorch | ratio | over blocks | target |", "|---|---:|---:|---:|---:|---|", *rows]
-        sections.append("\n".join(table) + "\n")
-        machine = next((data["machine"] for _, data in measured if "machine" in data), None)
-        if machine:
-            sections.append(machine_line(machine) + "\n")
-        noise = [line for module, data in measured for line in part(module, "noise_lines", data)]
-        sections.append("## How much a run moves\n")
+        sections += ["### Results\n", "\n".join(table) + "\n"]
+        first = next((data["machine"] for _, data in measured_core if "machine" in data), None)
+        if first:
+            sections.append(machine_line(first) + "\n")
+        noise = [line for module, data in measured_core for line in part(module, "noise_lines", data)]
+        sections.append("### How much a run moves\n")
         sections.append(notes + ("\n" + "\n".join(noise) + "\n" if noise else ""))
-    else:
-        sections.append(f"No results yet in {out}: run `python bench/run.py`.\n")
-    for module, data in measured:
+    for module, data in measured_core:
         for title, lines in part(module, "sections", data):
-            sections += [f"## {title}\n", "\n".join(lines) + "\n"]
+            sections += [f"### {title}\n", "\n".join(lines) + "\n"]
     for case in cases:
-        data = load(out, case.name) if case.elective else None
+        data = load(folder, case.name) if case.elective else None
         if data:
             # Formatted from the numbers now, not from text stored with them: --report-only then
             # shows a change of format without measuring again.
-            sections.append(f"## {case.title}\n")
+            sections.append(f"### {case.title}\n")
             sections.append(f"From `python bench/run.py {case.name}` ({case.doc} explains it).\n")
             sections.append(case.module().markdown(data).rstrip() + "\n")
-    return "\n".join(sections)
+    return sections

@@ -194,15 +194,15 @@ MUTANTS = [
     ),
     Mutant(
         "attention.backward_dq_scale.readable", "microtensor/ops/attention.py",
-        "grad_q[b, h, i, d] += d_score * scale * k[b, g, j, d]",
-        "grad_q[b, h, i, d] += d_score * k[b, g, j, d]",
+        "grad_q_i[d] += d_score * scale * k_g[j, d]",
+        "grad_q_i[d] += d_score * k_g[j, d]",
         gradcheck_cases("readable", "Attention"),
         why="the 1/√D of S = q kᵀ / √D missing from dq",
     ),
     Mutant(
         "attention.backward_dk_scale.readable", "microtensor/ops/attention.py",
-        "grad_k[b, g, j, d] += d_score * scale * q[b, h, i, d]",
-        "grad_k[b, g, j, d] += d_score * q[b, h, i, d]",
+        "grad_k_g[j, d] += d_score * scale * q_h[i, d]",
+        "grad_k_g[j, d] += d_score * q_h[i, d]",
         gradcheck_cases("readable", "Attention"),
         why="the 1/√D of S = q kᵀ / √D missing from dk",
     ),
@@ -214,8 +214,8 @@ MUTANTS = [
     ),
     Mutant(
         "attention.backward_dv.readable", "microtensor/ops/attention.py",
-        "grad_v[b, g, j, d] += p * grad_out[b, h, i, d]",
-        "grad_v[b, g, j, d] += grad_out[b, h, i, d]",
+        "grad_v_g[j, d] += p * grad_out_h[i, d]",
+        "grad_v_g[j, d] += grad_out_h[i, d]",
         gradcheck_cases("readable", "Attention"),
         why="dv = Pᵀ dO without the P",
     ),
@@ -230,8 +230,8 @@ MUTANTS = [
         "attention.grouped_backward_sum.readable", "microtensor/ops/attention.py",
         "for h in range(g * group, (g + 1) * group):  # dK_g = sum_h dK^(h), dV_g = sum_h dV^(h)\n",
         "for h in range(g * group, (g + 1) * group):  # dK_g = sum_h dK^(h), dV_g = sum_h dV^(h)\n"
-        "            grad_k[b, g, :, :] = 0\n"
-        "            grad_v[b, g, :, :] = 0\n",
+        "            grad_k_g[:, :] = 0\n"
+        "            grad_v_g[:, :] = 0\n",
         gradcheck_cases("readable", "Attention"),
         why="the sum over the group dropped: each query head's dK, dV overwrite the previous head's, so a "
         "shared K/V head gets only its group's last head's gradient",

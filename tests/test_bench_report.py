@@ -1,6 +1,6 @@
 """bench/README.md is generated, and must stay so: each elective case's section is its
 markdown(data) of the JSON it wrote, and the file is exactly what bench/run.py's report() builds
-from bench/results/.
+from bench/results/, one section per CPU (bench/results/CPU/), each naming its CPU and vector ISA.
 
 Each case's rendering is also checked on a small made-up result, whole table lines at a time, so
 that a table or a column that goes missing fails here. Nothing is measured: no benchmark runs.
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-RESULTS = BENCH / "results"
+RESULTS = BENCH / "results"  # one folder per CPU
 sys.path.insert(0, str(BENCH))  # run.py imports the harness and the cases from there
 run = importlib.import_module("run")
 harness = importlib.import_module("harness")
@@ -54,11 +54,25 @@ def assert_lines(text, expected):
     assert not missing, "missing lines:\n" + "\n".join(missing) + "\n\nin:\n" + text
 
 
-def section(report, title):
-    """The text of the report's section `## title`, up to the next section."""
-    start = report.index(f"## {title}\n")
-    end = report.find("\n## ", start)
-    return report[start : end if end != -1 else len(report)]
+def section(report, title, level="##"):
+    """The text of the report's section `## title` (or `### title` with level="###"), up to the
+    next section of that level or above."""
+    start = report.index(f"\n{level} {title}\n") + 1
+    ends = [report.find(f"\n{'#' * n} ", start) for n in range(2, len(level) + 1)]
+    ends = [end for end in ends if end != -1]
+    return report[start : min(ends) if ends else len(report)]
+
+
+def cpu_section(report, folder):
+    """The section of the CPU whose results are in `folder`."""
+    return section(report, harness.folder_machine(folder, cases.CASES)["processor"])
+
+
+def folder_with(case):
+    """The first CPU folder (most results first) holding the case's results."""
+    folders = [folder for folder in harness.cpu_folders(RESULTS) if (folder / f"{case.name}.json").exists()]
+    assert folders, f"no bench/results/CPU/{case.name}.json: the repository keeps every case's latest results on at least one CPU"
+    return folders[0]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +85,7 @@ def report():
 
 @pytest.mark.parametrize("case", ELECTIVES, ids=[case.name for case in ELECTIVES])
 def test_each_measured_technique_has_its_section_and_a_table(report, case):
-    assert (RESULTS / f"{case.name}.json").exists(), f"bench/results/{case.name}.json is missing: the repository keeps every case's latest results"
-    text = section(report, case.title)
+    text = section(cpu_section(report, folder_with(case)), case.title, "###")
     assert f"From `python bench/run.py {case.name}`" in text
     assert re.search(r"^\|.*\|\n\|(-+:?\|)+$", text, re.MULTILINE), f"no markdown table in the section {title!r}:\n{text}"
     assert "Measured on " in text
@@ -80,17 +93,18 @@ def test_each_measured_technique_has_its_section_and_a_table(report, case):
 
 @pytest.mark.parametrize("case", CORE, ids=[case.name for case in CORE])
 def test_each_core_case_has_its_rows_or_its_section_with_a_table(report, case):
-    assert (RESULTS / f"{case.name}.json").exists(), f"bench/results/{case.name}.json is missing: the repository keeps every case's latest results"
-    module, data = case_module(case.name), harness.load(RESULTS, case.name)
+    folder = folder_with(case)
+    module, data = case_module(case.name), harness.load(folder, case.name)
+    here = cpu_section(report, folder)
     rows = getattr(module, "result_rows", lambda data: [])(data)
     own_sections = getattr(module, "sections", lambda data: [])(data)
     assert rows or own_sections, f"the case {case.name} renders nothing"
-    results = section(report, "Results").splitlines()
+    results = section(here, "Results", "###").splitlines()
     assert all(row in results for row in rows), f"the Results table lacks a row of {case.name}"
     for title, lines in own_sections:
         text = "\n".join(lines)
         assert re.search(r"^\|.*\|\n\|(-+:?\|)+$", text, re.MULTILINE), f"no markdown table in the section {title!r}:\n{text}"
-        assert text in section(report, title)
+        assert text in section(here, title, "###")
 
 
 def test_the_readme_is_what_run_builds_from_the_results(report):
@@ -119,8 +133,61 @@ def test_the_vector_isa_is_read_from_the_cpu_flags(monkeypatch):
     assert harness.vector_isa() == "avx2, avx512f"
     flags = {"flags": None, "Features": "fp asimd evtstrm aes"}
     assert harness.vector_isa() == "neon"
+    flags = {"flags": None, "Features": "fp asimd sve sve2 bf16"}
+    assert harness.vector_isa() == "neon, sve"
+    flags = {"flags": "fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_tile amx_int8", "Features": None}
+    assert harness.vector_isa() == "avx2, avx512f, avx512_bf16, avx512_fp16, amx"
     flags = {"flags": "fpu sse2", "Features": None}
-    assert harness.vector_isa() == "none of avx2, avx512f, neon"
+    assert harness.vector_isa() == "none of avx2, avx512f, avx512_bf16, avx512_fp16, amx, neon, sve"
+
+
+def test_on_macos_the_cpu_and_its_isa_come_from_sysctl(monkeypatch):
+    answers = {"machdep.cpu.brand_string": "Apple M3", "hw.optional.neon": "1", "hw.optional.avx2_0": None}
+    monkeypatch.setattr(harness, "_cpuinfo", lambda field: None)
+    monkeypatch.setattr(harness, "_sysctl", answers.get)
+    monkeypatch.setattr(harness.sys, "platform", "darwin")
+    assert harness.vector_isa() == "neon"
+    assert harness.cpu_name() == "Apple M3" and harness.cpu_id() == "Apple M3"
+    assert harness.cpu_slug(harness.cpu_name()) == "apple-m3"
+
+
+@pytest.mark.parametrize(
+    "model_name, vendor, family, model, flags, name, slug",
+    [
+        ("Intel(R) Xeon(R) Processor", "GenuineIntel", "6", "143", "avx2 avx512f amx_tile", "Intel Xeon (Sapphire Rapids)", "intel-xeon-sapphire-rapids"),
+        ("Intel(R) Xeon(R) Processor", "GenuineIntel", "6", "207", "avx2 avx512f amx_tile", "Intel Xeon (Emerald Rapids)", "intel-xeon-emerald-rapids"),
+        ("Intel(R) Xeon(R) Platinum 8480+", "GenuineIntel", "6", "143", "amx_tile", "Intel Xeon Platinum 8480+ (Sapphire Rapids)", "intel-xeon-platinum-8480-sapphire-rapids"),
+        ("Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", "GenuineIntel", "6", "140", "avx2 avx512f", "Intel Core i7-1165G7 (Tiger Lake)", "intel-core-i7-1165g7-tiger-lake"),
+        # a virtual machine reporting a part without AMX while the flags have it: the flags win
+        ("Intel(R) Xeon(R) Processor", "GenuineIntel", "6", "167", "avx2 avx512f avx512_fp16 amx_tile",
+         "Intel Xeon (with AMX and AVX512-FP16: Sapphire Rapids or later; reports family 6 model 167)", "intel-xeon-sapphire-rapids-or-later"),
+        ("Intel(R) Xeon(R) Processor", "GenuineIntel", "6", "999", "avx2", "Intel Xeon (family 6 model 999)", "intel-xeon-family-6-model-999"),
+        ("AMD EPYC 7B13 64-Core Processor", "AuthenticAMD", "25", "1", "avx2", "AMD EPYC 7B13 (Zen 3 / Zen 4)", "amd-epyc-7b13-zen-3-zen-4"),
+        ("AMD EPYC", "AuthenticAMD", "99", "1", "avx2", "AMD EPYC (family 99 model 1)", "amd-epyc-family-99-model-1"),
+    ],
+)  # fmt: skip
+def test_the_cpu_is_named_from_vendor_family_and_model(model_name, vendor, family, model, flags, name, slug):
+    assert harness.cpu_name(model_name, vendor, family, model, flags) == name
+    assert harness.cpu_slug(name) == slug
+    assert harness.results_folder("/results", {"processor": name, "cpu_slug": slug}) == Path("/results") / slug
+
+
+def test_each_cpu_gets_its_own_section_naming_it_and_its_isa(tmp_path):
+    """Results of two CPUs side by side (bench/results/CPU/NAME.json): one section each, under the
+    CPU's name, with its ISA, its own rows, and a row in the table of CPUs."""
+    real = harness.load(folder_with(cases.BY_NAME["profile"]), "profile")
+    for name, isa, slug in (("Made-up CPU A", "avx2", "made-up-cpu-a"), ("Made-up CPU B (Zen 9)", "neon, sve", "made-up-cpu-b-zen-9")):
+        (tmp_path / slug).mkdir()
+        data = {**real, "machine": {**real["machine"], "processor": name, "isa": isa, "cpu_slug": slug}}
+        (tmp_path / slug / "profile.json").write_text(__import__("json").dumps(data))
+    text = keeping_the_environment(run.report, tmp_path)
+    table = section(text, "The CPUs measured")
+    assert "| Made-up CPU A | avx2 | `bench/results/made-up-cpu-a/`: 1 of" in table
+    assert "| Made-up CPU B (Zen 9) | neon, sve | `bench/results/made-up-cpu-b-zen-9/`: 1 of" in table
+    for name, isa in (("Made-up CPU A", "avx2"), ("Made-up CPU B (Zen 9)", "neon, sve")):
+        here = section(text, name)
+        assert f"Vector ISA: {isa}." in here
+        assert "### Where a step's time goes" in here
 
 
 # --------------------------------------------------------------------------------- each script's tables
@@ -356,10 +423,23 @@ def test_generate_startup_and_convergence_rows():
                "peak_rss_training_mib": 190.4, "peak_rss_iters": 50}  # fmt: skip
     assert case_module("startup").result_rows({"startup": startup}) == [
         "| `import microtensor` (s) | 0.43 | | | | ≤ 0.5 s |",
-        "| `train.py --max-iters 1`, empty Numba cache (s) | 11.1 | | | | ≤ 15 s |",
+        "| `train.py --max-iters 1`, empty Numba cache (s) | 11.1 | | | | ≤ 10 s |",
         "| `train.py --max-iters 1`, filled cache (s) | 1.2 | | | | ≤ 3 s |",
         "| peak RSS training the default recipe for 50 steps, filled Numba cache (MiB) | 190 | | | | ≤ 200 MiB |",
     ]
+    assert case_module("startup").sections({"startup": startup}) == []  # recorded before the compile list
+    startup.update(train_max_iters_1_cold_cpu_s=9.54, cold_compiled={"compilations": 20, "kernels": {f"pkg.k{i}": 2.0 - i / 10 for i in range(14)}})
+    assert case_module("startup").result_rows({"startup": startup})[2] == "| the same, CPU seconds (user + system) | 9.5 | | | | |"
+    [(title, lines)] = case_module("startup").sections({"startup": startup})
+    assert title == "What a cold start compiles"
+    assert_lines("\n".join(lines), [
+        "`train.py --max-iters 1` with an empty Numba cache: 11.1 s wall, 9.5 s CPU; 18.9 s of it compiling 14 kernels "
+        "(20 compilations, a kernel's callees counted in its own time). The slowest:",
+        "| kernel | compile (s) | share of compiling |",
+        "| `pkg.k0` | 2.00 | 11% |",
+        "| `pkg.k11` | 0.90 | 5% |",
+        "| 2 more | 1.50 | 8% |",
+    ])  # fmt: skip
     convergence = {"steps": 1500, "final_val_loss": 1.87654, "data": "/somewhere/poems.txt"}
     assert case_module("convergence").result_rows({"convergence": convergence}) == [
         "| val loss after 1500 steps on poems.txt | 1.8765 | | | | ≤ 1.90 |"

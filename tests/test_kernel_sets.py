@@ -195,7 +195,7 @@ def test_an_edited_readable_kernel_is_seen_on_the_next_run(tmp_path):
     edit(checks, '"""Every check of', '"""(edited) Every check of')
     assert run_copy(tmp_path, "readable") == before  # recompiled, same values
     gelu = tmp_path / "microtensor" / "ops" / "gelu.py"
-    edit(gelu, "        y[i] = half * x[i] * (one + np.tanh(u))", "        y[i] = x[i] * (one + np.tanh(u))")
+    edit(gelu, "        y[i] = x[i] * s\n", "        y[i] = two * x[i] * s\n")
     after = run_copy(tmp_path, "readable")
     assert after[0] == before[0] and float(after[1]) == pytest.approx(2 * float(before[1]), rel=1e-6)
 

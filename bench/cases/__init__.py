@@ -5,7 +5,7 @@ electives/, measure the techniques of docs/ (each has its section in bench/READM
 A case module says only what to build and measure and how to render it (bench/harness.py runs it):
 
     options(parser)          its own flags, if any
-    measure(args, machine)   the results, a dict written to bench/results/NAME.json
+    measure(args, machine)   the results, a dict written to bench/results/CPU/NAME.json
                              (`machine` is the harness's record of the conditions: keep it in)
     result_rows(data)        core: its rows of the README's Results table
     sections(data)           core: [(title, lines)], its own README sections
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Case:
-    name: str  # its results are bench/results/NAME.json; `python bench/run.py NAME` runs it
+    name: str  # its results are bench/results/CPU/NAME.json; `python bench/run.py NAME` runs it
     module_name: str
     title: str = None  # an elective's README section
     doc: str = None  # the docs page that explains an elective's technique

@@ -5,7 +5,12 @@ default recipe, cold and warm.
 Each time is the median over separate processes; each peak RSS is one process (it repeats closely
 from run to run). The cold runs point NUMBA_CACHE_DIR at a fresh empty folder, so they compile
 exactly what a new user's first run compiles. train.py runs with its default kernel set (fast).
+
+The cold runs go through bench/compile_times.py, which lists what Numba compiled and how long each
+kernel took (the section "What a cold start compiles"), and their CPU seconds are recorded beside
+the wall time: on a busy machine the wall time grows with the load, the CPU time much less.
 """
+import json
 import os
 import statistics
 import subprocess
@@ -25,11 +30,13 @@ def measure(args, machine):
     repeat = args.repeat or 3
     with tempfile.TemporaryDirectory() as folder:
         seconds_import = import_time(max(repeat, 5))
-        cold, warm = start_up(repeat, folder)
+        cold, warm, cold_cpu, compiled = start_up(repeat, folder)
         peak_cold, peak_warm = peak_memory(folder, args.memory_iters)
     results = {
         "import_microtensor_s": seconds_import,
         "train_max_iters_1_cold_s": cold,
+        "train_max_iters_1_cold_cpu_s": cold_cpu,
+        "cold_compiled": compiled,
         "train_max_iters_1_warm_s": warm,
         "peak_rss_training_mib": peak_warm,
         "peak_rss_training_cold_mib": peak_cold,
@@ -50,11 +57,16 @@ def corpus_path(folder):
 
 def run(command, env=None):
     """Wall seconds of one child process."""
+    return run_timed(command, env)[0]
+
+
+def run_timed(command, env=None):
+    """(wall seconds, its output) of one child process."""
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench startup: {' '.join(command)} failed:\n{done.stdout}")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, done.stdout
 
 
 def import_time(repeat):
@@ -75,14 +87,20 @@ def train_command(out_dir, data, iters):
 
 
 def start_up(repeat, folder):
+    """Medians of the cold runs' wall and CPU seconds and of the warm runs' wall seconds, and what
+    the cold run of median wall time compiled ({"compilations", "kernels": {name: seconds}})."""
     data = corpus_path(folder)
-    cold, warm = [], []
+    cold, warm = [], []  # cold: (wall, cpu, compiled) per run
     for i in range(repeat):
         env = dict(os.environ, NUMBA_CACHE_DIR=str(Path(folder) / f"numba-cache-{i}"))
         out_dir = str(Path(folder) / f"out-{i}")
-        cold.append(run(train_command(out_dir, data, 1), env))
-        warm.append(run(train_command(out_dir, data, 1), env))
-    return statistics.median(cold), statistics.median(warm)
+        command = train_command(out_dir, data, 1)
+        wall, output = run_timed([sys.executable, str(HERE / "compile_times.py"), *command[1:]], env)
+        compiled = json.loads(output.strip().splitlines()[-1])
+        cold.append((wall, compiled.pop("cpu_s"), compiled))
+        warm.append(run(command, env))
+    median_run = sorted(cold, key=lambda run: run[0])[len(cold) // 2]
+    return statistics.median(r[0] for r in cold), statistics.median(r[1] for r in cold), statistics.median(warm), median_run[2]
 
 
 def peak_memory(folder, iters):
@@ -103,11 +121,38 @@ def result_rows(data):
     s = data["startup"]
     lines = [
         f"| `import microtensor` (s) | {s['import_microtensor_s']:.2f} | | | | ≤ 0.5 s |",
-        f"| `train.py --max-iters 1`, empty Numba cache (s) | {s['train_max_iters_1_cold_s']:.1f} | | | | ≤ 15 s |",
+        f"| `train.py --max-iters 1`, empty Numba cache (s) | {s['train_max_iters_1_cold_s']:.1f} | | | | ≤ 10 s |",
         f"| `train.py --max-iters 1`, filled cache (s) | {s['train_max_iters_1_warm_s']:.1f} | | | | ≤ 3 s |",
         f"| peak RSS training the default recipe for {s.get('peak_rss_iters', 200)} steps, filled Numba cache (MiB) | "
         f"{s['peak_rss_training_mib']:.0f} | | | | ≤ 200 MiB |",
     ]
+    if "train_max_iters_1_cold_cpu_s" in s:
+        lines.insert(2, f"| the same, CPU seconds (user + system) | {s['train_max_iters_1_cold_cpu_s']:.1f} | | | | |")
     if "peak_rss_training_cold_mib" in s:
         lines.append(f"| peak RSS, the same with an empty Numba cache (MiB) | {s['peak_rss_training_cold_mib']:.0f} | | | | |")
     return lines
+
+
+def sections(data):
+    """What the cold start compiled, the slowest kernels first (from bench/compile_times.py)."""
+    s = data["startup"]
+    compiled = s.get("cold_compiled")
+    if not compiled:
+        return []
+    kernels = list(compiled["kernels"].items())
+    total = sum(seconds for _, seconds in kernels)
+    lines = [
+        f"`train.py --max-iters 1` with an empty Numba cache: {s['train_max_iters_1_cold_s']:.1f} s wall"
+        + (f", {s['train_max_iters_1_cold_cpu_s']:.1f} s CPU" if "train_max_iters_1_cold_cpu_s" in s else "")
+        + f"; {total:.1f} s of it compiling {len(kernels)} kernels ({compiled['compilations']} compilations, "
+        "a kernel's callees counted in its own time). The slowest:",
+        "",
+        "| kernel | compile (s) | share of compiling |",
+        "|---|---:|---:|",
+    ]
+    for name, seconds in kernels[:12]:
+        lines.append(f"| `{name}` | {seconds:.2f} | {seconds / total:.0%} |")
+    if len(kernels) > 12:
+        rest = sum(seconds for _, seconds in kernels[12:])
+        lines.append(f"| {len(kernels) - 12} more | {rest:.2f} | {rest / total:.0%} |")
+    return [("What a cold start compiles", lines)]

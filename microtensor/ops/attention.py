@@ -204,6 +204,13 @@ def attention_forward(q, k, v, scale, causal, slopes, out, probs):
         b, h = bh // H, bh % H
         kv = h // (H // Hk)  # the K/V head of h's group
         slope = slopes[h]
+        # this head's queries, keys and values as C-contiguous (T, D) copies: q, k and v are usually
+        # views into one (B, T, 3C) array, where row j of a head lies 3C numbers after row j - 1; in
+        # a copy it lies right after it, so each loop over d below walks neighbouring numbers
+        q_h = np.ascontiguousarray(q[b, h])  # (Tq, D)
+        k_h = np.ascontiguousarray(k[b, kv])  # (Tk, D)
+        v_h = np.ascontiguousarray(v[b, kv])  # (Tk, D)
+        out_i = np.empty(D, dtype=q.dtype)  # row i of O, gathered here and then written to out
         for i in range(Tq):
             position = Tk - Tq + i  # query i's place in the sequence
             last = position if causal else Tk - 1  # the last key query i may see
@@ -212,7 +219,7 @@ def attention_forward(q, k, v, scale, causal, slopes, out, probs):
             for j in range(last + 1):
                 dot = zero
                 for d in range(D):
-                    dot += q[b, h, i, d] * k[b, kv, j, d]
+                    dot += q_h[i, d] * k_h[j, d]
                 distance = q.dtype.type(abs(position - j))
                 s = dot * scale - slope * distance
                 probs[b, h, i, j] = s
@@ -229,12 +236,12 @@ def attention_forward(q, k, v, scale, causal, slopes, out, probs):
             for j in range(last + 1, Tk):  # masked keys: probability 0
                 probs[b, h, i, j] = 0
             # O_i = sum_j P_ij v_j
-            for d in range(D):
-                out[b, h, i, d] = 0
+            out_i[:] = 0
             for j in range(last + 1):
                 p = probs[b, h, i, j]
                 for d in range(D):
-                    out[b, h, i, d] += p * v[b, kv, j, d]
+                    out_i[d] += p * v_h[j, d]
+            out[b, h, i, :] = out_i
 
 
 @kernel(parallel=True)
@@ -248,34 +255,43 @@ def attention_backward(grad_out, q, k, v, probs, scale, causal, grad_q, grad_k, 
     for bg in prange(B * Hk):  # one K/V head per iteration: its group's heads add into its dk, dv
         b, g = bg // Hk, bg % Hk
         group = H // Hk  # G, the query heads g G, ..., g G + G - 1 read K/V head g
-        grad_k[b, g, :, :] = 0  # dk and dv add up over the queries i of every head of the group
-        grad_v[b, g, :, :] = 0
+        # K/V head g's keys and values as C-contiguous (Tk, D) copies, and its dk and dv gathered in
+        # C-contiguous arrays (as in attention_forward: each loop over d then walks neighbouring numbers)
+        k_g = np.ascontiguousarray(k[b, g])
+        v_g = np.ascontiguousarray(v[b, g])
+        grad_k_g = np.zeros((Tk, D), dtype=q.dtype)  # dk and dv add up over the queries i of every head of the group
+        grad_v_g = np.zeros((Tk, D), dtype=q.dtype)
+        grad_q_i = np.empty(D, dtype=q.dtype)  # row i of dq, gathered here and then written to grad_q
         d_probs = np.empty(Tk, dtype=q.dtype)  # dP_i, one row of dL/dP, private to this (b, g)
         for h in range(g * group, (g + 1) * group):  # dK_g = sum_h dK^(h), dV_g = sum_h dV^(h)
+            q_h = np.ascontiguousarray(q[b, h])  # (Tq, D)
+            grad_out_h = np.ascontiguousarray(grad_out[b, h])  # (Tq, D)
             for i in range(Tq):
                 last = Tk - Tq + i if causal else Tk - 1
                 # dP_ij = dO_i · v_j   (from O = P v)
                 for j in range(last + 1):
                     dp = zero
                     for d in range(D):
-                        dp += grad_out[b, h, i, d] * v[b, g, j, d]
+                        dp += grad_out_h[i, d] * v_g[j, d]
                     d_probs[j] = dp
                 # the softmax's JVP: dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij')
                 row_dot = zero
                 for j in range(last + 1):
                     row_dot += probs[b, h, i, j] * d_probs[j]
-                for d in range(D):
-                    grad_q[b, h, i, d] = 0
+                grad_q_i[:] = 0
                 for j in range(last + 1):
                     p = probs[b, h, i, j]
                     d_score = p * (d_probs[j] - row_dot)  # dS_ij
                     # S_ij = (q_i · k_j) / √D - bias  ->  dq_i += dS_ij k_j / √D,  dk_j += dS_ij q_i / √D
                     for d in range(D):
-                        grad_q[b, h, i, d] += d_score * scale * k[b, g, j, d]
-                        grad_k[b, g, j, d] += d_score * scale * q[b, h, i, d]
+                        grad_q_i[d] += d_score * scale * k_g[j, d]
+                        grad_k_g[j, d] += d_score * scale * q_h[i, d]
                     # O_i = sum_j P_ij v_j  ->  dv_j += P_ij dO_i
                     for d in range(D):
-                        grad_v[b, g, j, d] += p * grad_out[b, h, i, d]
+                        grad_v_g[j, d] += p * grad_out_h[i, d]
+                grad_q[b, h, i, :] = grad_q_i
+        grad_k[b, g, :, :] = grad_k_g
+        grad_v[b, g, :, :] = grad_v_g
 
 
 # --------------------------------------------------------------------------------- the Functions

@@ -68,17 +68,49 @@ def matmul_forward(a, b, c):
 
     Loop order i, p, j: for each row i of a and each a_ip, add a_ip times row p of b into row i
     of c. The innermost loop walks along a row of b and a row of c (neighbouring numbers when the
-    arrays are C-contiguous); rows i are independent, so they run in parallel.
+    arrays are C-contiguous), and its iterations write different c_ij, so the compiler turns it
+    into vector instructions without reordering any sum.
+
+    Blocking, four rows by two columns. What bounds that loop is moving numbers, not multiplying
+    them: each step loads b_pj, loads c_ij and stores it back, for one multiply-add. So rows
+    i .. i+3 of c are computed together (each b_pj, once loaded, serves four rows: b is read n/4
+    times instead of n), and two rows p, p+1 of b are added in one pass (each c_ij is loaded and
+    stored once for two multiply-adds). Blocks of four rows are independent, so they run in
+    parallel. The leftovers take the plain loop: the last row of b when k is odd, the last n % 4
+    rows of c one at a time.
     """
     n, k = a.shape
     m = b.shape[1]
-    for i in prange(n):
-        for j in range(m):
-            c[i, j] = 0
-        for p in range(k):
-            a_ip = a[i, p]
+    for block in prange((n + 3) // 4):
+        i = 4 * block
+        if i + 4 <= n:
             for j in range(m):
-                c[i, j] += a_ip * b[p, j]
+                c[i, j] = 0
+                c[i + 1, j] = 0
+                c[i + 2, j] = 0
+                c[i + 3, j] = 0
+            for p in range(0, k - 1, 2):  # rows p and p + 1 of b in one pass
+                a_0, a_1, a_2, a_3 = a[i, p], a[i + 1, p], a[i + 2, p], a[i + 3, p]  # column p of the four rows
+                a_0_next, a_1_next, a_2_next, a_3_next = a[i, p + 1], a[i + 1, p + 1], a[i + 2, p + 1], a[i + 3, p + 1]
+                for j in range(m):
+                    b_pj, b_next = b[p, j], b[p + 1, j]  # each loaded once, used four times
+                    c[i, j] += a_0 * b_pj + a_0_next * b_next
+                    c[i + 1, j] += a_1 * b_pj + a_1_next * b_next
+                    c[i + 2, j] += a_2 * b_pj + a_2_next * b_next
+                    c[i + 3, j] += a_3 * b_pj + a_3_next * b_next
+            if k % 2 == 1:  # the last row of b, alone
+                for row in range(i, i + 4):
+                    a_rp = a[row, k - 1]
+                    for j in range(m):
+                        c[row, j] += a_rp * b[k - 1, j]
+        else:
+            for row in range(i, n):  # the last n % 4 rows, one at a time
+                for j in range(m):
+                    c[row, j] = 0
+                for p in range(k):
+                    a_rp = a[row, p]
+                    for j in range(m):
+                        c[row, j] += a_rp * b[p, j]
 
 
 @kernel

@@ -225,3 +225,20 @@ def test_silu_backward_reads_the_saved_sigmoid(kernel_set):
     grad_x = np.empty_like(x)
     active(silu_ops.silu_backward)(np.ones_like(x), x, fake_sigmoid, grad_x)
     np.testing.assert_allclose(grad_x, 0.5 * (1 + x * 0.5))
+
+
+def test_readable_tanh_gelu_keeps_its_digits_in_the_left_tail():
+    """Far left, 1 + tanh u nears 0, and computed as written it loses its digits (in float32 it is
+    exactly 0 below x ≈ -4.6): the readable kernel computes 1/2 (1 + tanh u) as 1 / (1 + e^(-2u)),
+    which keeps them. Each y is held to a few eps relative to itself, times 1 + |2u|: e^(-2u)
+    magnifies the rounding of u that much, in any evaluation. float32 against float64, whose own
+    1 + tanh u keeps 7 digits or more here."""
+    dtype = np.float32
+    x = np.linspace(-5.5, -3, 101).astype(dtype)
+    x64 = x.astype(np.float64)
+    u64 = math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)
+    expected = 0.5 * x64 * (1 + np.tanh(u64))  # float64: 1 + tanh u is still above 1e-9 here
+    y = np.full_like(x, np.nan)
+    gelu_ops.gelu_tanh_forward(x, y)
+    relative_error = np.abs(y.astype(np.float64) - expected) / np.abs(expected)
+    assert np.all(relative_error <= FORWARD_EPS * np.finfo(dtype).eps * (1 + np.abs(2 * u64))), relative_error.max()
