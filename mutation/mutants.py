@@ -950,4 +950,20 @@ MUTANTS = [
         "tests/electives/test_checkpointing.py -k changed_in_place",
         why="an input changed in place after forward goes unnoticed, and fn runs again on values forward never saw",
     ),
+    # ----------------------------------------------------------------------------- DPO
+    Mutant(
+        "dpo_loss.rejected_sign", "microtensor/ops/electives/dpo_loss.py",
+        "return grad_margin, -grad_margin, -grad_margin, grad_margin.copy(), None",
+        "return grad_margin, grad_margin.copy(), -grad_margin, grad_margin.copy(), None",
+        'tests/electives/test_dpo.py -k "finite_differences or raises_the_chosen"',
+        why="the rejected continuation's log-probability gets +dL/dm instead of -dL/dm: a step raises it with the chosen one",
+    ),
+    Mutant(
+        "dpo.first_continuation_token_masked", "gpt/model/electives/dpo.py",
+        "(positions >= prompt_lengths[:, None] - 1)",
+        "(positions >= prompt_lengths[:, None])",
+        'tests/electives/test_dpo.py -k "sequence_log_prob"',
+        jit=True,
+        why="the position that predicts the continuation's first token is masked with the prompt's: log π(y|x) leaves out y's first token",
+    ),
 ]
