@@ -232,3 +232,28 @@ def test_dpo_with_lora_trains_the_adapters_against_the_base(base, tmp_path):
     meta = checkpoint.load(out)[2]
     assert meta["lora"]["rank"] == 2
     assert generate.main(["--out-dir", str(out), "--max-new-tokens", "5"]) == 0
+
+
+def test_dpo_with_lora_resumes_exactly(base, tmp_path):
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    flags = ["--lora-rank", "2", "--learning-rate", "1e-2", "--eval-interval", "2"]
+    assert run_dpo(base, *flags, "--out-dir", str(whole), "--max-iters", "4") == 0
+    assert run_dpo(base, *flags, "--out-dir", str(halves), "--max-iters", "2") == 0
+    assert dpo.main(["--out-dir", str(halves), "--resume", "--max-iters", "4"]) == 0
+    a, b = checkpoint.load(whole)[0], checkpoint.load(halves)[0]
+    assert set(a) == set(b) and all(k.endswith(("lora_a", "lora_b")) for k in a)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_float32_log_probabilities_give_a_float32_loss_and_gradient():
+    tensors = [mt.tensor(np.linspace(-1, 1, 3).astype(np.float32) * (i + 1), requires_grad=True) for i in range(4)]
+    loss = F.dpo_loss(*tensors, 0.1)
+    loss.backward()
+    assert loss.dtype == np.float32 and all(t.grad.dtype == np.float32 for t in tensors)
+
+
+def test_resume_refuses_a_setting_it_keeps(base, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_dpo(base, "--out-dir", str(out), "--max-iters", "1") == 0
+    assert dpo.main(["--out-dir", str(out), "--resume", "--beta", "0.5", "--max-iters", "2"]) == 1
+    assert "--beta: given 0.5 with --resume" in capsys.readouterr().out
