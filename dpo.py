@@ -182,7 +182,7 @@ def set_up(args, explicit):
     meta = None
     if args.resume:
         try:
-            _, optim_state, meta = checkpoint.load(args.out_dir)
+            model_state, optim_state, meta = checkpoint.load(args.out_dir)
         except checkpoint.CheckpointError as error:
             raise FlagError("resume", f"with --out-dir {args.out_dir}", f"a DPO checkpoint there ({error})") from None
         if "dpo" not in meta:
@@ -218,7 +218,6 @@ def set_up(args, explicit):
         record = meta.get("lora") or meta.get("init_from")
         if record["base_sha256"] != checkpoint.file_sha256(checkpoint.path_in(args.init_from)):
             raise checkpoint.CheckpointError(f"{path}: its start {args.init_from} has changed since the fine-tuning began; its reference is gone")
-        model_state, optim_state, _ = checkpoint.load(args.out_dir)
         if lora_record is not None:
             lora.load_lora_state_dict(policy, model_state)
         else:
