@@ -24,3 +24,4 @@ from .ops.electives.online_attention import multi_head_online_attention, online_
 from .ops.electives.rope import rope
 from .ops.electives.lora import lora_linear
 from .ops.electives.moe import gather_rows, scatter_add_rows, top_k_experts, top_k_gates
+from .ops.electives.dpo_loss import dpo_loss

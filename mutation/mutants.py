@@ -972,4 +972,20 @@ MUTANTS = [
         "tests/test_profiler.py -k \"matmul_is_counted or saved_for_backward\"",
         why="the bytes saved for backward count the parameters an op saves, which checkpointing cannot trade away",
     ),
+    # ----------------------------------------------------------------------------- DPO
+    Mutant(
+        "dpo_loss.rejected_sign", "microtensor/ops/electives/dpo_loss.py",
+        "return grad_margin, -grad_margin, -grad_margin, grad_margin.copy(), None",
+        "return grad_margin, grad_margin.copy(), -grad_margin, grad_margin.copy(), None",
+        'tests/electives/test_dpo.py -k "finite_differences or raises_the_chosen"',
+        why="the rejected continuation's log-probability gets +dL/dm instead of -dL/dm: a step raises it with the chosen one",
+    ),
+    Mutant(
+        "dpo.first_continuation_token_masked", "gpt/model/electives/dpo.py",
+        "(positions >= prompt_lengths[:, None] - 1)",
+        "(positions >= prompt_lengths[:, None])",
+        'tests/electives/test_dpo.py -k "sequence_log_prob"',
+        jit=True,
+        why="the position that predicts the continuation's first token is masked with the prompt's: log π(y|x) leaves out y's first token",
+    ),
 ]
