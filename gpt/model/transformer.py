@@ -97,6 +97,14 @@ class GPTConfig:
         False, "keep only each block's input for backward and compute the rest again there: less memory, one more "
         "forward per block; the weights and the numbers are the same (docs/electives/checkpointing.md)",
     )  # fmt: skip
+    mtp: int = option(
+        1, "tokens each position predicts: n - 1 extra heads predict the tokens 2 .. n places ahead, and the loss "
+        "sums their cross-entropies (1: next-token prediction alone; docs/electives/multi-token-prediction.md)",
+    )  # fmt: skip
+    mtp_weights: str | None = option(
+        None, "the loss's weight of each of the `mtp` heads, comma-separated, the next-token head's first "
+        "(e.g. 1,0.5,0.25; default: 1 each, the plain sum)",
+    )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
 
@@ -117,7 +125,7 @@ class GPTConfig:
         value of the right type that cannot work is a ConfigError."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head if is_integer(self.n_head) else None
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k", "mtp"):
             value = getattr(self, name)
             if not is_integer(value):
                 raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
@@ -139,6 +147,17 @@ class GPTConfig:
                 error = InputError if isinstance(value, str) else InputTypeError
                 got = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
                 raise error(f"GPTConfig: {option_field.name} must be one of {allowed}, got {got}")
+        if self.mtp_weights is not None:
+            from gpt.model.electives.mtp import parse_weights
+
+            if not isinstance(self.mtp_weights, str):
+                raise InputTypeError(f"GPTConfig: mtp_weights must be None or a string of numbers, got {type(self.mtp_weights).__name__} {self.mtp_weights!r}")
+            try:
+                parse_weights(self.mtp_weights, self.mtp)
+            except InputError as error:
+                raise ConfigError(
+                    str(error), "mtp_weights", self.mtp_weights, f"{self.mtp} finite numbers >= 0, not all zero, comma-separated: one per head of `mtp`",
+                ) from None  # fmt: skip
         n_embd, n_head = self.n_embd, self.n_head
         _require(
             n_embd % n_head == 0, f"n_embd ({n_embd}) must be divisible by n_head ({n_head})",
@@ -208,6 +227,7 @@ def parameter_count(config):
         total += config.block_size * C  # wpe
     if not config.tie_weights:
         total += C * V  # lm_head
+    total += (config.mtp - 1) * (norm + mlp_width(config) * C * (3 if config.mlp == "swiglu" else 2) + bias * (mlp_width(config) * (2 if config.mlp == "swiglu" else 1) + C))  # extra heads: norm and dense MLP
     return total
 
 
@@ -384,6 +404,11 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(parts)
         if not config.tie_weights:
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, dtype=dtype)
+        self.head_losses = None  # with mtp > 1, after a forward with targets: each head's loss
+        if config.mtp > 1:
+            from gpt.model.electives.mtp import extra_heads
+
+            self.mtp_heads = extra_heads(config, dtype)  # heads 2 .. mtp (gpt/model/electives/mtp.py)
         self._init_weights()
 
     def _init_weights(self):
@@ -401,7 +426,19 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, caches=None, offset=0):
         """idx (B, T) int -> (logits (B, T, V), loss or None). With caches, idx holds the tokens at
-        positions offset .. offset + T - 1 of the window, and their keys and values are appended."""
+        positions offset .. offset + T - 1 of the window, and their keys and values are appended.
+        With mtp > 1 the loss adds the extra heads' (gpt/model/electives/mtp.py); the logits are the next-token head's."""
+        x = self.trunk(idx, caches, offset)
+        logits = self.logits_of(x)
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        if loss is not None and self.config.mtp > 1:
+            from gpt.model.electives.mtp import multi_token_loss
+
+            loss, self.head_losses = multi_token_loss(self, x, loss, targets)
+        return logits, loss
+
+    def trunk(self, idx, caches=None, offset=0):
+        """idx (B, T) int -> the last block's output (B, T, C), before ln_f: what every head reads."""
         if not isinstance(idx, mt.Tensor):
             idx = np.asarray(idx)
             if idx.dtype.kind not in "iu":  # before mt.tensor, which would take floats or strings
@@ -433,6 +470,10 @@ class GPT(nn.Module):
                 x = mt.checkpoint(block, x, None, offset)  # keeps x alone; backward runs the block again
             else:
                 x = block(x, None if caches is None else caches[layer], offset)
+        return x
+
+    def logits_of(self, x):
+        """The trunk's output (B, T, C) -> logits (B, T, V): ln_f, then the unembedding."""
         x = self.transformer.ln_f(x)
         if self.config.tie_weights:
             wte = self.transformer.wte
@@ -440,8 +481,7 @@ class GPT(nn.Module):
             logits = x @ wte.weight.T if isinstance(wte, nn.Embedding) else wte.tied_head(x)  # (B, T, C) @ (C, V)
         else:
             logits = self.lm_head(x)
-        loss = None if targets is None else F.cross_entropy(logits, targets)
-        return logits, loss
+        return logits
 
     def moe_aux_loss(self):
         """The sum over blocks of the mixture-of-experts load-balancing loss of the last forward (a
