@@ -36,7 +36,7 @@ import numpy as np
 import microtensor as mt
 from microtensor import InputError, InputTypeError
 
-from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence
+from gpt.generation.decoder import SINGLE_THREAD_TOKENS, Decoder, check_generation_options, check_one_sequence
 from gpt.generation.electives.speculative import accept_or_resample, draw
 from gpt.generation.sampling import token_distribution
 from gpt.model.electives.mtp import head_logits
@@ -75,8 +75,10 @@ class HiddenStateDecoder(Decoder):
         new_tokens = sequences[:, self.start :][:, self.fed :]  # (1, m)
         for cache in self.caches:
             cache.length = self.fed  # a moved window or a rollback starts writing here
-        hidden = self.model.trunk(mt.tensor(new_tokens), self.caches, self.fed)  # (1, m, C)
-        logits = self.model.logits_of(hidden).data  # (1, m, V)
+        # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
+        with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
+            hidden = self.model.trunk(mt.tensor(new_tokens), self.caches, self.fed)  # (1, m, C)
+            logits = self.model.logits_of(hidden).data  # (1, m, V)
         self.fed += new_tokens.shape[1]
         return logits, hidden
 
@@ -128,7 +130,9 @@ class SelfSpeculativeDecoder:
         past it, so head 2 the one after the token this round ends with."""
         self.drafts, rows = [], []
         for k in range(2, self.model.config.mtp + 1):
-            q = token_distribution(head_logits(self.model, hidden, k).data[0], *self.options)[0]  # (V,)
+            with mt.num_threads(1):  # one position: too little work to share
+                logits = head_logits(self.model, hidden, k).data[0]  # (1, V)
+            q = token_distribution(logits, *self.options)[0]  # (V,)
             rows.append(q)
             self.drafts.append(draw(q, self.rng))
         self.q = np.array(rows).reshape(len(rows), self.model.config.vocab_size)
