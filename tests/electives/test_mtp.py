@@ -185,3 +185,29 @@ def test_self_speculative_needs_a_model_with_extra_heads(tmp_path, corpus, capsy
     assert "--self-speculative: given with the model" in said(capsys)
     assert generate.main(["--out-dir", str(tmp_path / "out"), "--self-speculative", "--no-kv-cache"]) == 1
     assert "expected no --no-kv-cache" in said(capsys)
+
+
+def test_the_bench_case_renders_its_tables():
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        from cases.electives import mtp as case
+    finally:
+        sys.path.remove(str(bench))
+    machine = {"date": "2031-05-06", "processor": "Made-up CPU", "isa": "avx2", "cores": 3, "numpy": "9.8.7", "numba": "6.5.4"}
+    training = [
+        {"mtp": 1, "steps": 200, "val_loss": 2.5, "val_head_losses": [2.5], "parameters": 1000, "step_median_s": 0.1},
+        {"mtp": 2, "steps": 200, "val_loss": 2.625, "val_head_losses": [2.625, 2.875], "parameters": 1200, "step_median_s": 0.125},
+    ]  # fmt: skip
+    decoding = [{
+        "mtp": 2, "tokens": 100, "same_tokens_as_greedy": True, "acceptance_rate": 0.5, "tokens_per_forward": 1.5,
+        "plain_tokens_per_s": 400.0, "modules_tokens_per_s": 200.0, "self_tokens_per_s": 300.0,
+    }]  # fmt: skip
+    data = {"machine": machine, "recipe": {"iters": 200, "data": "t.txt"}, "training": training,
+            "equal_time": [{"mtp": 2, "baseline_steps": 250, "baseline_val_loss": 2.375}], "decoding": decoding}  # fmt: skip
+    lines = case.markdown(data).splitlines()
+    assert "| 2 | 1,200 | 125.0 | 2.6250 | 2.5000 (200) | 2.875 | 2.3750 (250) |" in lines
+    assert "| 2 | yes | 50% | 1.50 | 400 | 200 | 300 | 1.50× | 0.75× |" in lines
