@@ -16,7 +16,10 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
 - biases, and tied input/output embeddings (logits = x @ wteᵀ, so `lm_head.weight` exists only
   when untied);
 - checkpoint_activations: each block runs under `mt.checkpoint`, which keeps only its input for
-  backward and runs the block again there (microtensor/ops/electives/checkpointing.py).
+  backward and runs the block again there (microtensor/ops/electives/checkpointing.py);
+- mtp: n - 1 extra heads on the blocks' output predict the tokens 2 .. n places ahead, and the loss
+  adds their cross-entropies (gpt/model/electives/mtp.py); `trunk` and `logits_of` are the two
+  halves of `forward` they hook into.
 The options combine freely, but for checkpointing with experts (their load-balancing loss needs
 the block's graph).
 
@@ -250,6 +253,9 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
                  With checkpoint_activations the graph keeps each block's input alone (C), and
                  backward runs one block again at a time: n_layer C + one block's arrays (or the
                  head's, whichever is larger) instead of n_layer blocks' arrays.
+                 With mtp n, extra head k adds, at each of the T - k + 1 positions that have
+                 its target, its norm (C), its MLP's hidden layers, its output and the sum
+                 (2C), ln_f (C), and its logits, saved exponentials and their gradient (3V).
 
     itemsize: bytes per number (4 for float32, 8 for float64).
     """
@@ -271,10 +277,13 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
         per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
     else:
         per_token = C + positions + config.n_layer * per_block + C + 3 * V
+    head_mlp = 3 * hidden if config.mlp == "swiglu" else 2 * mlp_width(config)  # an extra head's MLP is dense
+    head_rows = sum(max(0, T - k + 1) for k in range(2, config.mtp + 1))  # per sequence, over the extra heads
     tokens = batch_size * T
     parameters = parameter_count(config)
     weights = parameters * itemsize * (4 if trains_every_weight else 1)
-    activations = tokens * per_token * itemsize + tokens * 2 * 8
+    heads = batch_size * head_rows * (4 * C + head_mlp + 3 * V)
+    activations = (tokens * per_token + heads) * itemsize + tokens * 2 * 8
     return {"weights": weights, "activations": activations, "total": weights + activations}
 
 

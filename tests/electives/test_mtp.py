@@ -211,3 +211,25 @@ def test_the_bench_case_renders_its_tables():
     lines = case.markdown(data).splitlines()
     assert "| 2 | 1,200 | 125.0 | 2.6250 | 2.5000 (200) | 2.875 | 2.3750 (250) |" in lines
     assert "| 2 | yes | 50% | 1.50 | 400 | 200 | 300 | 1.50× | 0.75× |" in lines
+
+
+@pytest.mark.parametrize("options", [{"mtp": 2}, {"mtp": 4, "mlp": "swiglu"}])
+def test_the_memory_estimate_counts_the_extra_heads(options):
+    """As tests/test_gpt.py checks for the model's options: training_step_bytes' activations, without
+    the logits' gradients (backward makes them) and the ids, against what the graph keeps."""
+    from test_gpt import bytes_the_graph_keeps
+
+    from gpt.model.transformer import training_step_bytes
+
+    mt.manual_seed(0)
+    B, T, V = 3, 16, 19
+    config = GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=4, n_embd=16, **options)
+    model = GPT(config)
+    rng = np.random.default_rng(0)
+    _, loss = model(mt.tensor(rng.integers(0, V, (B, T))), mt.tensor(rng.integers(0, V, (B, T))))
+    kept = bytes_the_graph_keeps(loss, model.parameters())
+    rows = B * sum(T - k + 1 for k in range(1, config.mtp + 1))  # positions with a target, over every head
+    estimate = training_step_bytes(config, B)["activations"] - rows * V * 4 - B * T * 2 * 8
+    assert 0.7 * kept <= estimate <= kept, (estimate, kept)
+    plain = training_step_bytes(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=4, n_embd=16, mlp=config.mlp), B)
+    assert training_step_bytes(config, B)["activations"] > plain["activations"]
