@@ -106,7 +106,7 @@ class GPTConfig:
     )  # fmt: skip
     mtp_weights: str | None = option(
         None, "the loss's weight of each of the `mtp` heads, comma-separated, the next-token head's first "
-        "(e.g. 1,0.5,0.25; default: 1 each, the plain sum)",
+        "(e.g. 1,0.5,0.25 with `mtp` 3; unset: 1 each, the plain sum)",
     )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
@@ -159,7 +159,7 @@ class GPTConfig:
                 parse_weights(self.mtp_weights, self.mtp)
             except InputError as error:
                 raise ConfigError(
-                    str(error), "mtp_weights", self.mtp_weights, f"{self.mtp} finite numbers >= 0, not all zero, comma-separated: one per head of `mtp`",
+                    str(error), "mtp_weights", self.mtp_weights, f"{self.mtp} comma-separated number{'s' if self.mtp > 1 else ''} >= 0, not all zero: one weight per head of `mtp` ({self.mtp})",
                 ) from None  # fmt: skip
         n_embd, n_head = self.n_embd, self.n_head
         _require(
