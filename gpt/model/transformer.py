@@ -230,7 +230,8 @@ def parameter_count(config):
         total += config.block_size * C  # wpe
     if not config.tie_weights:
         total += C * V  # lm_head
-    total += (config.mtp - 1) * (norm + mlp_width(config) * C * (3 if config.mlp == "swiglu" else 2) + bias * (mlp_width(config) * (2 if config.mlp == "swiglu" else 1) + C))  # extra heads: norm and dense MLP
+    head_mlp = mlp if config.mlp == "swiglu" else gelu_mlp  # an extra head's MLP is dense, even beside experts
+    total += (config.mtp - 1) * (norm + head_mlp)  # the extra heads of mtp: a norm and an MLP each
     return total
 
 
@@ -277,7 +278,7 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
         per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
     else:
         per_token = C + positions + config.n_layer * per_block + C + 3 * V
-    head_mlp = 3 * hidden if config.mlp == "swiglu" else 2 * mlp_width(config)  # an extra head's MLP is dense
+    head_mlp = (3 if config.mlp == "swiglu" else 2) * hidden  # an extra head's MLP is dense, even beside experts
     head_rows = sum(max(0, T - k + 1) for k in range(2, config.mtp + 1))  # per sequence, over the extra heads
     tokens = batch_size * T
     parameters = parameter_count(config)
