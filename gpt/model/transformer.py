@@ -150,6 +150,11 @@ class GPTConfig:
                 error = InputError if isinstance(value, str) else InputTypeError
                 got = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
                 raise error(f"GPTConfig: {option_field.name} must be one of {allowed}, got {got}")
+        _require(
+            self.mtp <= self.block_size, f"mtp ({self.mtp}) must be at most block_size ({self.block_size}): head k learns "
+            "from the positions that have a token k places ahead inside the block", "mtp", self.mtp, "at most `block_size` "
+            f"({self.block_size}): the furthest head needs a target inside the block",
+        )  # fmt: skip
         if self.mtp_weights is not None:
             from gpt.model.electives.mtp import parse_weights
 

@@ -124,7 +124,7 @@ def test_self_speculative_sampling_follows_the_model_s_distribution():
 def test_bad_mtp_values_are_refused_by_name():
     for options, field in (({"mtp": 0}, "mtp"), ({"mtp": -2}, "mtp"), ({"mtp": 2, "mtp_weights": "1"}, "mtp_weights"),
                            ({"mtp": 2, "mtp_weights": "1,x"}, "mtp_weights"), ({"mtp": 2, "mtp_weights": "0,0"}, "mtp_weights"),
-                           ({"mtp": 2, "mtp_weights": "1,nan"}, "mtp_weights")):  # fmt: skip
+                           ({"mtp": 2, "mtp_weights": "1,nan"}, "mtp_weights"), ({"mtp": 65, "block_size": 64}, "mtp")):  # fmt: skip
         with pytest.raises(ConfigError) as error:
             GPTConfig(vocab_size=5, **options)
         assert error.value.field == field
