@@ -5,6 +5,7 @@
     python generate.py --kernels readable               # every token through the modules' readable kernels
     python generate.py --beam 4                         # beam search: the most probable continuation it finds
     python generate.py --draft-dir out-small            # speculative decoding with a small draft model
+    python generate.py --self-speculative               # a model trained with --mtp n drafts with its extra heads
 
 Three ways to generate: sampling (or greedy, --temperature 0) one token at a time, the default;
 beam search (--beam K, docs/electives/beam-search.md), which keeps the K most probable hypotheses and prints
@@ -12,7 +13,9 @@ the log-probability of its result beside greedy decoding's; and speculative deco
 (--draft-dir DIR, docs/electives/speculative-decoding.md), where a smaller model trained by train.py on the
 same tokenizer proposes --speculate tokens that the model checks in one forward: the text has the
 same distribution as sampling from the model alone (the same text at --temperature 0), and the
-program prints how many proposals were accepted. gpt/generation/electives/beam_search.py and gpt/generation/electives/speculative.py hold them.
+program prints how many proposals were accepted. A model trained with --mtp n (docs/electives/multi-token-prediction.md)
+can be its own draft (--self-speculative): its extra heads propose n - 1 tokens, checked by the same
+rule (gpt/generation/electives/self_speculative.py). gpt/generation/electives/beam_search.py and gpt/generation/electives/speculative.py hold them.
 
 As train.py, it ends in one line saying what is wrong, never in a traceback: flags are checked
 first, then the checkpoint (gpt/checkpoints/checkpoint.py refuses a truncated or corrupted file by name),
@@ -39,6 +42,7 @@ from gpt.text.data import CharTokenizer, DataError
 from gpt.model.electives.quantize import quantize_model, weight_bytes
 from gpt.generation.sampling import log_softmax
 from gpt.generation.electives.speculative import SpeculativeStats, speculative_tokens
+from gpt.generation.electives.self_speculative import SelfSpeculativeStats, self_speculative_tokens
 from programs import cli
 from programs.cli import FlagError, Interrupted, console, signals_handled_by
 
@@ -72,6 +76,11 @@ def build_parser():
     spec = p.add_argument_group("speculative decoding (docs/electives/speculative-decoding.md)")
     spec.add_argument("--draft-dir", default=None, metavar="DIR", help="folder of a smaller model's checkpoint, trained by train.py with the same tokenizer, that proposes tokens for this one to check")
     spec.add_argument("--speculate", type=int, default=DEFAULT_SPECULATE, metavar="K", help="tokens the draft proposes per round, with --draft-dir")
+    spec.add_argument(
+        "--self-speculative", action="store_true",
+        help="a model trained with --mtp n drafts n - 1 tokens with its extra heads and checks them in one forward: the "
+        "same distribution as sampling (the same text at --temperature 0); docs/electives/multi-token-prediction.md",
+    )  # fmt: skip
     return p
 
 
@@ -94,6 +103,13 @@ def check_args(args, explicit=()):
     need(args.prompt != "", "prompt", "at least one character")
     check_beam_args(args, explicit)
     check_speculative_args(args, explicit)
+    if args.self_speculative:
+        for name, given in (("beam", args.beam is not None), ("draft_dir", args.draft_dir is not None), ("no_kv_cache", args.no_kv_cache)):
+            if given:
+                raise FlagError(
+                    "self_speculative", f"with {cli.flag(name)}",
+                    "no " + cli.flag(name) + ": self-speculative decoding drafts with the model's own heads and verifies over its KV cache",
+                )  # fmt: skip
 
 
 def check_beam_args(args, explicit):
@@ -210,13 +226,23 @@ def generate_samples(args):
     if args.beam is not None:
         return beam_search_sample(args, model, tokenizer, prompt)
     draft = load_draft(args.draft_dir, tokenizer) if args.draft_dir is not None else None
-    stats = SpeculativeStats()
+    if args.self_speculative and model.config.mtp < 2:
+        raise FlagError(
+            "self_speculative", f"with the model of {args.out_dir} (mtp {model.config.mtp})",
+            "a model trained with --mtp 2 or more: its extra heads are the draft",
+        )  # fmt: skip
+    stats = SelfSpeculativeStats() if args.self_speculative else SpeculativeStats()
     generated, seconds = 0, 0.0
     for sample in range(args.num_samples):
         console.rule(f"sample {sample + 1}")
         sys.stdout.write(args.prompt)
         start = time.perf_counter()
-        if draft is None:
+        if args.self_speculative:
+            tokens = self_speculative_tokens(
+                model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed + sample, stats=stats,
+            )  # fmt: skip
+        elif draft is None:
             steps = model.generate_tokens(
                 np.array([prompt]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 use_kv_cache=not args.no_kv_cache, seed=args.seed + sample,
@@ -241,6 +267,12 @@ def generate_samples(args):
         # The windows cap a round's proposals (gpt/generation/electives/speculative.py, proposals_allowed): say what was proposed.
         per_round = f"{stats.proposed / stats.rounds:.2f} proposals per round (--speculate {args.speculate})" if stats.rounds else f"--speculate {args.speculate}"
         how = f"speculative decoding with the draft {args.draft_dir}, {per_round}: {accepted}; {how}"
+    if args.self_speculative:
+        accepted = (
+            f"{stats.accepted} of {stats.proposed} drafts accepted, acceptance rate {stats.acceptance_rate:.0%}, "
+            f"{stats.tokens_per_round:.2f} tokens per forward" if stats.proposed else "nothing drafted"
+        )  # fmt: skip
+        how = f"self-speculative decoding with {model.config.mtp - 1} extra heads: {accepted}; with the KV cache, through the modules"
     console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({escape(how)})[/]")
     return 0
 

@@ -54,7 +54,7 @@ import microtensor as mt
 import microtensor.fast.process
 from microtensor import MicrotensorError, optim
 from gpt.checkpoints import checkpoint
-from gpt.model.electives import lora
+from gpt.model.electives import lora, mtp
 from gpt.model.transformer import GPTConfig
 from programs import cli, loss_plot, training
 from programs.cli import TrainingStopped, console
@@ -157,14 +157,16 @@ def train(args, explicit=None):
                 with cli.StepWatch(args, iteration, progress.console) as watch:  # --detect-anomaly, --profile N
                     x, y = batches.get("train", args.batch_size, setup.batch_rng)
                     logits, loss = model(mt.tensor(x), mt.tensor(y))
-                    loss_value = loss.item()  # the language model's loss, without the experts' balancing term
+                    # the next-token loss, without the experts' balancing term or the extra heads' (--mtp)
+                    loss_value = mtp.next_token_loss(model, loss).item()
                     if config.mlp == "moe":
                         tokens_per_expert += model.tokens_per_expert()
                         if args.moe_aux_weight:
                             loss = loss + args.moe_aux_weight * model.moe_aux_loss()
-                    if not math.isfinite(loss_value):
+                    if not math.isfinite(loss_value) or not math.isfinite(loss.item()):
                         raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
                     setup.history.losses.append(loss_value)
+                    head_losses = mtp.head_loss_values(model) if config.mtp > 1 else None
                     loss.backward()
                     # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
                     # step. Dropped now, not when the next forward rebinds the names, so that two graphs
@@ -180,6 +182,8 @@ def train(args, explicit=None):
                     done = iteration + 1 - setup.start
                     # The loss of one batch, without its perplexity: the line must fit 80 columns.
                     status = f"loss {loss_value:.4f}  lr {lr:.2e}  {done * tokens_per_step / train_time:,.0f} tok/s"
+                    if config.mtp > 1:  # the extra heads' losses of this step, heads 2 .. n
+                        status += "  mtp " + "/".join(f"{v:.2f}" for v in head_losses[1:])
                     progress.update(task, completed=iteration + 1, status=status)
                     last_shown = time.perf_counter()
         losses = estimate_loss(model, batches, args, args.max_iters)
@@ -203,6 +207,8 @@ def train(args, explicit=None):
             "initial_train_loss": None if setup.initial is None else setup.initial["train"],
             "initial_val_loss": None if setup.initial is None else setup.initial["val"],
         }  # fmt: skip
+        if config.mtp > 1:
+            results["final_val_head_losses"] = losses["val_heads"]
         if config.mlp == "moe":
             results["expert_share"] = (tokens_per_expert / np.maximum(tokens_per_expert.sum(axis=1, keepdims=True), 1)).tolist()
         show_results(results, args)
@@ -225,17 +231,23 @@ PROGRESS_COLUMNS = (
 
 @mt.no_grad()
 def estimate_loss(model, batches, args, iteration):
-    """Mean loss over --eval-iters batches of each split, from a generator of its own so that
-    evaluating never changes the training batches."""
+    """Mean next-token loss over --eval-iters batches of each split, from a generator of its own so
+    that evaluating never changes the training batches; with --mtp n also "val_heads", the mean val
+    loss of each of the n heads."""
     rng = np.random.default_rng([args.seed, iteration])
     model.eval()
     losses = {}
     for split in ("train", "val"):
-        values = []
+        values, heads = [], []
         for _ in range(args.eval_iters):
             x, y = batches.get(split, args.batch_size, rng)
-            values.append(model(mt.tensor(x), mt.tensor(y))[1].item())
+            loss = model(mt.tensor(x), mt.tensor(y))[1]
+            values.append(mtp.next_token_loss(model, loss).item())
+            if model.config.mtp > 1:
+                heads.append(mtp.head_loss_values(model))
         losses[split] = float(np.mean(values))
+        if heads and split == "val":
+            losses["val_heads"] = np.mean(heads, axis=0).tolist()
     model.train()
     return losses
 
@@ -274,6 +286,8 @@ def show_results(results, args):
         if results["initial_val_loss"] is not None:
             table.add_row("val loss before fine-tuning", with_perplexity(results["initial_val_loss"]))
     table.add_row("KV cache per token (generation)", f"{results['kv_cache_bytes_per_token']:,} bytes")
+    if "final_val_head_losses" in results:
+        table.add_row("final val loss of each head\n(tokens 1 .. --mtp ahead)", " ".join(f"{v:.4f}" for v in results["final_val_head_losses"]))
     if "expert_share" in results:
         shares = "\n".join(f"block {i}: " + " ".join(f"{share:.2f}" for share in block) for i, block in enumerate(results["expert_share"]))
         table.add_row("tokens per expert\n(share, all steps)", Text(shares, justify="left"))

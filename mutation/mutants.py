@@ -988,4 +988,21 @@ MUTANTS = [
         jit=True,
         why="the position that predicts the continuation's first token is masked with the prompt's: log π(y|x) leaves out y's first token",
     ),
+    # ----------------------------------------------------------------------------- multi-token prediction
+    Mutant(
+        "mtp.targets_not_shifted", "gpt/model/electives/mtp.py",
+        "losses.append(F.cross_entropy(logits, targets[:, k - 1 :]))",
+        "losses.append(F.cross_entropy(logits, targets[:, : T - k + 1]))",
+        'tests/electives/test_mtp.py -k "weighted_sum"',
+        jit=True,
+        why="every extra head is trained on the next token, not on the token k places ahead",
+    ),
+    Mutant(
+        "mtp.rejected_drafts_kept", "gpt/generation/electives/self_speculative.py",
+        "keep = m + accepted\n",
+        "keep = m + k\n",
+        'tests/electives/test_mtp.py -k "self_speculative"',
+        jit=True,
+        why="the cache keeps the keys and values of the rejected drafts: the next tokens attend to a context that is not the text",
+    ),
 ]

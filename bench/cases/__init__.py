@@ -47,5 +47,6 @@ CASES = [
     Case("lora", "electives.lora", "LoRA fine-tuning", "docs/electives/lora.md"),
     Case("checkpointing", "electives.checkpointing", "Gradient checkpointing", "docs/electives/checkpointing.md"),
     Case("dpo", "electives.dpo", "Direct preference optimization", "docs/electives/dpo.md"),
+    Case("mtp", "electives.mtp", "Multi-token prediction and self-speculative decoding", "docs/electives/multi-token-prediction.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}

@@ -24,6 +24,9 @@ Tensors, by nanoGPT's names (microtensor's GPT already uses them, so no name cha
     transformer.h.{i}.mlp.c_proj.weight   (C, F)
     transformer.ln_f.weight           (C,)
     lm_head.weight                    (V, C)       only when the head is untied
+    mtp_heads.{k}.ln_1.weight         (C,)         multi-token prediction's extra heads (--mtp n: k = 0 .. n - 2,
+    mtp_heads.{k}.mlp.c_fc.weight ... (F, C)       the head of the token k + 2 places ahead), microtensor's names;
+                                                   torch_gpt.load_export leaves them out of its next-token model
 
 A Linear layer computes y = x W + b in microtensor (row vectors, W is (in, out)) and y = x Wᵀ + b in
 PyTorch (W is (out, in)), so every Linear weight is transposed on the way out and back on the way in;

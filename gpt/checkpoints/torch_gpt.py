@@ -184,6 +184,9 @@ def load_export(path):
     config = json.loads(metadata["config"])
     for name, source in json.loads(metadata["tied_weights"]).items():
         tensors[name] = tensors[source]  # the file stores a tied tensor once
+    # multi-token prediction's extra heads (mtp_heads.*, gpt/model/electives/mtp.py) stay in the file:
+    # this model is the next-token one, which is all that sampling from it needs
+    tensors = {name: t for name, t in tensors.items() if not name.startswith("mtp_heads.")}
     model = GPT(config).to(next(iter(tensors.values())).dtype)
     model.load_state_dict(tensors, strict=True)  # every name and shape must match
     return model, metadata

@@ -16,7 +16,10 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
 - biases, and tied input/output embeddings (logits = x @ wteᵀ, so `lm_head.weight` exists only
   when untied);
 - checkpoint_activations: each block runs under `mt.checkpoint`, which keeps only its input for
-  backward and runs the block again there (microtensor/ops/electives/checkpointing.py).
+  backward and runs the block again there (microtensor/ops/electives/checkpointing.py);
+- mtp: n - 1 extra heads on the blocks' output predict the tokens 2 .. n places ahead, and the loss
+  adds their cross-entropies (gpt/model/electives/mtp.py); `trunk` and `logits_of` are the two
+  halves of `forward` they hook into.
 The options combine freely, but for checkpointing with experts (their load-balancing loss needs
 the block's graph).
 
@@ -97,6 +100,14 @@ class GPTConfig:
         False, "keep only each block's input for backward and compute the rest again there: less memory, one more "
         "forward per block; the weights and the numbers are the same (docs/electives/checkpointing.md)",
     )  # fmt: skip
+    mtp: int = option(
+        1, "tokens each position predicts: n - 1 extra heads predict the tokens 2 .. n places ahead, and the loss "
+        "sums their cross-entropies (1: next-token prediction alone; docs/electives/multi-token-prediction.md)",
+    )  # fmt: skip
+    mtp_weights: str | None = option(
+        None, "the loss's weight of each of the `mtp` heads, comma-separated, the next-token head's first "
+        "(e.g. 1,0.5,0.25 with `mtp` 3; unset: 1 each, the plain sum)",
+    )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
 
@@ -117,7 +128,7 @@ class GPTConfig:
         value of the right type that cannot work is a ConfigError."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head if is_integer(self.n_head) else None
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k", "mtp"):
             value = getattr(self, name)
             if not is_integer(value):
                 raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
@@ -139,6 +150,22 @@ class GPTConfig:
                 error = InputError if isinstance(value, str) else InputTypeError
                 got = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
                 raise error(f"GPTConfig: {option_field.name} must be one of {allowed}, got {got}")
+        _require(
+            self.mtp <= self.block_size, f"mtp ({self.mtp}) must be at most block_size ({self.block_size}): head k learns "
+            "from the positions that have a token k places ahead inside the block", "mtp", self.mtp, "at most `block_size` "
+            f"({self.block_size}): the furthest head needs a target inside the block",
+        )  # fmt: skip
+        if self.mtp_weights is not None:
+            from gpt.model.electives.mtp import parse_weights
+
+            if not isinstance(self.mtp_weights, str):
+                raise InputTypeError(f"GPTConfig: mtp_weights must be None or a string of numbers, got {type(self.mtp_weights).__name__} {self.mtp_weights!r}")
+            try:
+                parse_weights(self.mtp_weights, self.mtp)
+            except InputError as error:
+                raise ConfigError(
+                    str(error), "mtp_weights", self.mtp_weights, f"{self.mtp} comma-separated number{'s' if self.mtp > 1 else ''} >= 0, not all zero: one weight per head of `mtp` ({self.mtp})",
+                ) from None  # fmt: skip
         n_embd, n_head = self.n_embd, self.n_head
         _require(
             n_embd % n_head == 0, f"n_embd ({n_embd}) must be divisible by n_head ({n_head})",
@@ -208,6 +235,8 @@ def parameter_count(config):
         total += config.block_size * C  # wpe
     if not config.tie_weights:
         total += C * V  # lm_head
+    head_mlp = mlp if config.mlp == "swiglu" else gelu_mlp  # an extra head's MLP is dense, even beside experts
+    total += (config.mtp - 1) * (norm + head_mlp)  # the extra heads of mtp: a norm and an MLP each
     return total
 
 
@@ -230,6 +259,9 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
                  With checkpoint_activations the graph keeps each block's input alone (C), and
                  backward runs one block again at a time: n_layer C + one block's arrays (or the
                  head's, whichever is larger) instead of n_layer blocks' arrays.
+                 With mtp n, extra head k adds, at each of the T - k + 1 positions that have
+                 its target, its norm (C), its MLP's hidden layers, its output and the sum
+                 (2C), ln_f (C), and its logits, saved exponentials and their gradient (3V).
 
     itemsize: bytes per number (4 for float32, 8 for float64).
     """
@@ -251,10 +283,13 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
         per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
     else:
         per_token = C + positions + config.n_layer * per_block + C + 3 * V
+    head_mlp = (3 if config.mlp == "swiglu" else 2) * hidden  # an extra head's MLP is dense, even beside experts
+    head_rows = sum(max(0, T - k + 1) for k in range(2, config.mtp + 1))  # per sequence, over the extra heads
     tokens = batch_size * T
     parameters = parameter_count(config)
     weights = parameters * itemsize * (4 if trains_every_weight else 1)
-    activations = tokens * per_token * itemsize + tokens * 2 * 8
+    heads = batch_size * head_rows * (4 * C + head_mlp + 3 * V)
+    activations = (tokens * per_token + heads) * itemsize + tokens * 2 * 8
     return {"weights": weights, "activations": activations, "total": weights + activations}
 
 
@@ -384,6 +419,11 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(parts)
         if not config.tie_weights:
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, dtype=dtype)
+        self.head_losses = None  # with mtp > 1, after a forward with targets: each head's loss
+        if config.mtp > 1:
+            from gpt.model.electives.mtp import extra_heads
+
+            self.mtp_heads = extra_heads(config, dtype)  # heads 2 .. mtp (gpt/model/electives/mtp.py)
         self._init_weights()
 
     def _init_weights(self):
@@ -401,7 +441,19 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, caches=None, offset=0):
         """idx (B, T) int -> (logits (B, T, V), loss or None). With caches, idx holds the tokens at
-        positions offset .. offset + T - 1 of the window, and their keys and values are appended."""
+        positions offset .. offset + T - 1 of the window, and their keys and values are appended.
+        With mtp > 1 the loss adds the extra heads' (gpt/model/electives/mtp.py); the logits are the next-token head's."""
+        x = self.trunk(idx, caches, offset)
+        logits = self.logits_of(x)
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        if loss is not None and self.config.mtp > 1:
+            from gpt.model.electives.mtp import multi_token_loss
+
+            loss, self.head_losses = multi_token_loss(self, x, loss, targets)
+        return logits, loss
+
+    def trunk(self, idx, caches=None, offset=0):
+        """idx (B, T) int -> the last block's output (B, T, C), before ln_f: what every head reads."""
         if not isinstance(idx, mt.Tensor):
             idx = np.asarray(idx)
             if idx.dtype.kind not in "iu":  # before mt.tensor, which would take floats or strings
@@ -433,6 +485,10 @@ class GPT(nn.Module):
                 x = mt.checkpoint(block, x, None, offset)  # keeps x alone; backward runs the block again
             else:
                 x = block(x, None if caches is None else caches[layer], offset)
+        return x
+
+    def logits_of(self, x):
+        """The trunk's output (B, T, C) -> logits (B, T, V): ln_f, then the unembedding."""
         x = self.transformer.ln_f(x)
         if self.config.tie_weights:
             wte = self.transformer.wte
@@ -440,8 +496,7 @@ class GPT(nn.Module):
             logits = x @ wte.weight.T if isinstance(wte, nn.Embedding) else wte.tied_head(x)  # (B, T, C) @ (C, V)
         else:
             logits = self.lm_head(x)
-        loss = None if targets is None else F.cross_entropy(logits, targets)
-        return logits, loss
+        return logits
 
     def moe_aux_loss(self):
         """The sum over blocks of the mixture-of-experts load-balancing loss of the last forward (a

@@ -1,0 +1,183 @@
+"""Self-speculative decoding (docs/electives/multi-token-prediction.md): a model trained with
+`mtp` n drafts its own next tokens with its extra heads, and checks them with its next-token head.
+
+One forward of the trunk over position t gives the hidden state h_t. From it the next-token head
+gives p(x_{t+1}) and the extra heads give q_k(x_{t+k}), k = 2 .. n: a draft of n - 1 tokens past
+the next one, for the price of n - 1 small MLPs, with no second model and no second cache.
+
+A round, with the sequence x_1 .. x_m whose last token x_m is not yet in the cache, and drafts
+d_{m+1} .. d_{m+n-1} drawn from the heads at h_{m-1}:
+
+    feed x_m, d_{m+1}, .., d_{m+n-1}  (n tokens, one forward over the KV cache)
+      -> p at each of them: p_1 .. p_n, the next-token head's distributions after each prefix,
+         and the hidden states h_m .. h_{m+n-1}
+    accept or resample (gpt/generation/electives/speculative.py's rule, `accept_or_resample`):
+         j drafts accepted, then one token from the residual, or from p_n when all are accepted
+    the cache forgets the positions past x_m, d_{m+1} .. d_{m+j}; the next drafts come from the
+         extra heads at the last of them, h_{m+j}
+
+So a round costs one trunk forward over n tokens and gives 1 to n tokens. The rule keeps the next-
+token head's distribution exactly, whatever the drafts are (docs/electives/speculative-decoding.md);
+a draft of head k read from h_{m+j} does not know the token the round ends with (it guesses past
+it), which only lowers its chance of being accepted. At temperature 0 every distribution is one-hot,
+a draft is accepted exactly when it is the next-token head's argmax, and the output is greedy
+decoding's, token for token.
+
+The window rule is the Decoder's (gpt/generation/decoder.py): a round drafts few enough tokens that
+the window does not move inside it, so every position is scored over the window plain generation
+gives it. The forward goes through the modules (`GPT.trunk` with the KV cache), never through the
+fast set's one-token decode kernel, which returns logits only: a kernel path would have to return
+the last layer's hidden state (before ln_f) beside the logits and run the extra heads' MLPs on it.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+import microtensor as mt
+from microtensor import InputError, InputTypeError
+
+from gpt.generation.decoder import SINGLE_THREAD_TOKENS, Decoder, check_generation_options, check_one_sequence
+from gpt.generation.electives.speculative import accept_or_resample, draw
+from gpt.generation.sampling import token_distribution
+from gpt.model.electives.mtp import head_logits
+from gpt.model.transformer import GPT
+
+
+@dataclass
+class SelfSpeculativeStats:
+    """What a self-speculative generation did: rounds (one trunk forward each), drafts proposed
+    and accepted, and the tokens produced."""
+
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    generated: int = 0
+
+    @property
+    def acceptance_rate(self):
+        """accepted / proposed (nan before any proposal)."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def tokens_per_round(self):
+        """New tokens per trunk forward: 1 for plain decoding, up to n here."""
+        return self.generated / self.rounds if self.rounds else float("nan")
+
+
+class HiddenStateDecoder(Decoder):
+    """The Decoder, whose `feed_hidden` also returns the trunk's output: the extra heads read it."""
+
+    def feed_hidden(self, sequences):
+        """sequences (1, n): every token so far. As Decoder.feed, through the modules with the KV
+        cache: returns (logits (1, m, V), hidden (1, m, C)) of the m positions not yet in the cache."""
+        n = sequences.shape[1]
+        self.advance(n)
+        new_tokens = sequences[:, self.start :][:, self.fed :]  # (1, m)
+        for cache in self.caches:
+            cache.length = self.fed  # a moved window or a rollback starts writing here
+        # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
+        with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
+            hidden = self.model.trunk(mt.tensor(new_tokens), self.caches, self.fed)  # (1, m, C)
+            logits = self.model.logits_of(hidden).data  # (1, m, V)
+        self.fed += new_tokens.shape[1]
+        return logits, hidden
+
+
+class SelfSpeculativeDecoder:
+    """The state of one self-speculative generation: the sequence, the cache, the pending drafts
+    and their distributions. Each `round` runs the trunk once (see the module docstring)."""
+
+    def __init__(self, model, prompt, temperature, top_k=None, top_p=None, seed=None):
+        self.model = model
+        self.sequence = prompt  # (1, m): the prompt and every token produced
+        self.options = (temperature, top_k, top_p)
+        self.rng = np.random.default_rng(seed)
+        self.cache = HiddenStateDecoder(model, 1, prompt.shape[1], use_kv_cache=True)
+        self.drafts, self.q = [], np.zeros((0, model.config.vocab_size))  # from the heads at the last fed position
+        self.stats = SelfSpeculativeStats()
+
+    def drafts_allowed(self, limit):
+        """How many drafts this round may check: those the heads gave, fewer than `limit` (the tokens
+        still wanted), and few enough that the window does not move up to the round's last length."""
+        m = self.sequence.shape[1]
+        room = self.cache.block - (m - self.cache.start_for(m))
+        return max(0, min(len(self.drafts), limit - 1, room))
+
+    def round(self, limit):
+        """Verify the drafts, accept or resample, draft again; returns the new tokens (1 to min(n, limit))."""
+        m = self.sequence.shape[1]
+        self.cache.advance(m)  # the window rule at length m; drafts_allowed keeps it from moving again
+        k = self.drafts_allowed(limit)
+        proposed, q = self.drafts[:k], self.q[:k]
+        sequence = np.concatenate([self.sequence, np.array([proposed], dtype=np.int64).reshape(1, k)], axis=1)
+        logits, hidden = self.cache.feed_hidden(sequence)  # rows of positions m - 1 .. m + k - 1 last
+        p = token_distribution(logits[0, -(k + 1) :], *self.options)  # (k + 1, V): p_1 .. p_{k+1}
+        accepted, token = accept_or_resample(p, q, proposed, self.rng)
+        new = (proposed[:accepted] + [token])[:limit]
+        # the cache keeps x_m and the accepted drafts; the token the round ends with is fed next round
+        keep = m + accepted
+        self.cache.rollback(keep)
+        self.draft_from(hidden[:, hidden.shape[1] - (k + 1) + accepted :][:, :1])  # h at position keep - 1
+        self.sequence = np.concatenate([self.sequence, np.array([new], dtype=np.int64)], axis=1)
+        self.stats.rounds += 1
+        self.stats.proposed += k
+        self.stats.accepted += accepted
+        self.stats.generated += len(new)
+        return new
+
+    def draft_from(self, hidden):
+        """The extra heads' drafts from one hidden state (1, 1, C): head k proposes the token k places
+        past it, so head 2 the one after the token this round ends with."""
+        self.drafts, rows = [], []
+        for k in range(2, self.model.config.mtp + 1):
+            with mt.num_threads(1):  # one position: too little work to share
+                logits = head_logits(self.model, hidden, k).data[0]  # (1, V)
+            q = token_distribution(logits, *self.options)[0]  # (V,)
+            rows.append(q)
+            self.drafts.append(draw(q, self.rng))
+        self.q = np.array(rows).reshape(len(rows), self.model.config.vocab_size)
+
+
+def _check(where, model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed):
+    if not isinstance(model, GPT):
+        raise InputTypeError(f"{where}: the model must be a GPT, got {type(model).__name__}")
+    if model.config.mtp < 2:
+        raise InputError(
+            f"{where}: the model has no extra heads to draft with (mtp is {model.config.mtp}); "
+            "train it with --mtp 2 or more (docs/electives/multi-token-prediction.md)"
+        )
+    check_generation_options(where, max_new_tokens, temperature, top_k, top_p, True, seed)
+    return check_one_sequence(where, prompt_ids, model.config.vocab_size)
+
+
+def self_speculative_tokens(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, stats=None):
+    """Yield the new token ids one at a time (as ints); `stats`, a SelfSpeculativeStats, is updated
+    as the rounds run. Arguments as `self_speculative_generate`."""
+    prompt = _check("self_speculative_tokens", model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed)
+    return _tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stats)
+
+
+def _tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stats):
+    decoder = SelfSpeculativeDecoder(model, prompt, temperature, top_k, top_p, seed)
+    if stats is not None:
+        decoder.stats = stats
+    with decoder.cache:  # evaluation mode, without gradients
+        produced = 0
+        while produced < max_new_tokens:
+            for token in decoder.round(max_new_tokens - produced):
+                produced += 1
+                yield int(token)
+
+
+def self_speculative_generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None):
+    """max_new_tokens tokens after prompt_ids, distributed as the model's own sampling (greedy at
+    temperature 0: its greedy tokens), drafted by its extra heads. Returns (new tokens
+    (max_new_tokens,) int64, SelfSpeculativeStats).
+
+    model: a GPT with mtp >= 2; prompt_ids: (T,) or (1, T) token ids; temperature, top_k, top_p,
+    seed as GPT.generate (the drafts' distributions q_k take the same temperature, top_k and top_p).
+    """
+    prompt = _check("self_speculative_generate", model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed)
+    stats = SelfSpeculativeStats()
+    tokens = list(_tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stats))
+    return np.array(tokens, dtype=np.int64), stats
