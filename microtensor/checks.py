@@ -188,9 +188,10 @@ def check_tensor(op, value, name=None):
 
 def check_float(op, *tensors):
     """All Tensors, all float32 or float64, and all the same dtype. Returns that dtype."""
+    for t in tensors:
+        check_tensor(op, t)  # every one first: the dtype message below describes them all
     dtype = None
     for t in tensors:
-        check_tensor(op, t)
         if t.dtype not in FLOAT_DTYPES:
             raise InputTypeError(f"{op}: expected a float32 or float64 tensor, got {t.dtype} of shape {t.shape}")
         if dtype is not None and t.dtype != dtype:

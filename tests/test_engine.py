@@ -255,6 +255,13 @@ def test_mixed_float_dtypes_are_an_error():
         mt.ones(2) + mt.ones(2, dtype=mt.float64)
 
 
+def test_mixed_dtypes_beside_a_non_tensor_name_the_non_tensor():
+    # the dtype message describes every input, so a list after a float64 must be refused first, by name
+    pair = mt.ones(2), mt.ones(2, dtype=mt.float64)
+    with pytest.raises(mt.InputTypeError, match="dpo_loss: expected a Tensor, got list of length 2"):
+        F.dpo_loss(*pair, [0.0, 0.0], mt.ones(2), 0.1)
+
+
 def test_integer_tensors_are_refused_by_float_ops():
     with pytest.raises(TypeError, match="exp: expected a float32 or float64 tensor, got int64"):
         mt.arange(3).exp()
