@@ -85,6 +85,8 @@ def build_parser():
     train.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
     train.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2")
     train.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
+    train.add_argument("--dtype", default="float32", help="float16 or bfloat16: 16-bit activations, gradients and weight copies, float32 master weights (docs/electives/mixed-precision.md)")
+    train.add_argument("--loss-scale-interval", type=int, default=200, help="with --dtype float16: double the loss scale after this many steps without an overflow")
     train.add_argument("--moe-aux-weight", type=float, default=0.01, help="coefficient of the experts' load-balancing loss, with --mlp moe")
     tune = p.add_argument_group("fine-tuning")
     tune.add_argument("--init-from", metavar="DIR", default=None, help="start from the checkpoint train.py wrote in DIR (its model and tokenizer) instead of random weights; alone, fine-tune every weight")
@@ -129,6 +131,7 @@ def train(args, explicit=None):
     with mt.using_kernels(args.kernels), run.handling_signals():
         setup = training.set_up(args, explicit, run)  # model, optimizer, tokenizer, batches, history, random states
         model, optimizer, batches, config = setup.model, setup.optimizer, setup.batches, setup.config
+        scaler = setup.loss_scaler  # float16's loss scaling (None otherwise)
         if setup.fine_tuning is not None and setup.start == 0:  # where the fine-tuning starts from
             setup.initial = estimate_loss(model, batches, args, 0)
             if args.max_iters > 0:
@@ -152,29 +155,38 @@ def train(args, explicit=None):
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 x, y = batches.get("train", args.batch_size, setup.batch_rng)
-                logits, loss = model(mt.tensor(x), mt.tensor(y))
-                loss_value = loss.item()  # the language model's loss, without the experts' balancing term
-                if config.mlp == "moe":
-                    tokens_per_expert += model.tokens_per_expert()
-                    if args.moe_aux_weight:
-                        loss = loss + args.moe_aux_weight * model.moe_aux_loss()
-                if not math.isfinite(loss_value):
-                    raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
-                setup.history.losses.append(loss_value)
-                loss.backward()
+                with setup.low_precision():  # --dtype float16, bfloat16: 16-bit weight copies and activations
+                    logits, loss = model(mt.tensor(x), mt.tensor(y))
+                    loss_value = loss.item()  # the language model's loss, without the experts' balancing term
+                    if config.mlp == "moe":
+                        tokens_per_expert += model.tokens_per_expert()
+                        if args.moe_aux_weight:
+                            loss = loss + args.moe_aux_weight * model.moe_aux_loss()
+                    if not math.isfinite(loss_value):
+                        raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
+                    setup.history.losses.append(loss_value)
+                    (loss if scaler is None else scaler.scale(loss)).backward()
                 # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
                 # step. Dropped now, not when the next forward rebinds the names, so that two graphs
                 # never coexist at the peak.
                 del logits, loss
-                if args.grad_clip > 0:
+                if scaler is not None and scaler.unscale(setup.trainable):  # float16: a gradient overflowed
+                    progress.console.print(f"step {iteration}: a gradient overflowed float16 at loss scale {scaler.scale_value:g}; step skipped, scale halved")
+                elif args.grad_clip > 0:
                     optim.clip_grad_norm(setup.trainable, args.grad_clip)
-                optimizer.step()
+                if scaler is None:
+                    optimizer.step()
+                else:
+                    scaler.step(optimizer)  # skipped after an overflow: the weights stay as they are
+                    scaler.update()
                 optimizer.zero_grad()  # the gradients go as soon as the step has used them, not during the next forward
                 train_time += time.perf_counter() - step_start
                 if time.perf_counter() - last_shown > 0.25 or iteration == args.max_iters - 1:
                     done = iteration + 1 - setup.start
                     # The loss of one batch, without its perplexity: the line must fit 80 columns.
                     status = f"loss {loss_value:.4f}  lr {lr:.2e}  {done * tokens_per_step / train_time:,.0f} tok/s"
+                    if scaler is not None:
+                        status += f"  scale {scaler.scale_value:g}"
                     progress.update(task, completed=iteration + 1, status=status)
                     last_shown = time.perf_counter()
         losses = estimate_loss(model, batches, args, args.max_iters)
@@ -197,6 +209,8 @@ def train(args, explicit=None):
             "trainable_parameters": trained, "fine_tuning": setup.fine_tuning,
             "initial_train_loss": None if setup.initial is None else setup.initial["train"],
             "initial_val_loss": None if setup.initial is None else setup.initial["val"],
+            "dtype": args.dtype, "loss_scale": None if scaler is None else scaler.scale_value,
+            "skipped_steps": 0 if scaler is None else scaler.skipped_steps,
         }  # fmt: skip
         if config.mlp == "moe":
             results["expert_share"] = (tokens_per_expert / np.maximum(tokens_per_expert.sum(axis=1, keepdims=True), 1)).tolist()
@@ -225,12 +239,13 @@ def estimate_loss(model, batches, args, iteration):
     rng = np.random.default_rng([args.seed, iteration])
     model.eval()
     losses = {}
-    for split in ("train", "val"):
-        values = []
-        for _ in range(args.eval_iters):
-            x, y = batches.get(split, args.batch_size, rng)
-            values.append(model(mt.tensor(x), mt.tensor(y))[1].item())
-        losses[split] = float(np.mean(values))
+    with training.low_precision(args, model):  # the model as it trains: in --dtype
+        for split in ("train", "val"):
+            values = []
+            for _ in range(args.eval_iters):
+                x, y = batches.get(split, args.batch_size, rng)
+                values.append(model(mt.tensor(x), mt.tensor(y))[1].item())
+            losses[split] = float(np.mean(values))
     model.train()
     return losses
 
@@ -248,6 +263,10 @@ def show_results(results, args):
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("kernel set", results["kernels"])
+    if results["dtype"] != "float32":
+        table.add_row("dtype", f"{results['dtype']} (float32 master weights)")
+    if results["loss_scale"] is not None:
+        table.add_row("loss scale, skipped steps", f"{results['loss_scale']:g}, {results['skipped_steps']:,}")
     table.add_row("steps run", f"{results['steps']:,}")
     table.add_row("final train loss", with_perplexity(results["final_train_loss"]))
     table.add_row("final val loss", with_perplexity(results["final_val_loss"]))
