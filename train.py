@@ -6,6 +6,7 @@
     python train.py --kernels readable                # the kernels you can read (and step through)
     python train.py --pos alibi --n-kv-head 1 --mlp moe --attention online --tokenizer bpe   # the variants
     python train.py --init-from out --data other.txt --lora-rank 8 --out-dir out-lora     # LoRA fine-tuning
+    python train.py --dtype bfloat16                  # 16-bit training (float16: with loss scaling)
 
 Every gradient comes from microtensor's hand-written, gradient-checked backward functions.
 
@@ -26,6 +27,13 @@ The loss of every step is recorded, and with every checkpoint comes its plot, lo
 (programs/loss_plot.py): the per-step losses, their running mean, and the estimated train and val
 losses of each evaluation. The checkpoint carries the per-step losses in its JSON meta, so that a
 resumed run plots the whole curve. Every loss printed has its perplexity, exp(loss), beside it.
+
+16-bit training (--dtype float16 or bfloat16; docs/electives/mixed-precision.md): each step's
+forward and backward run inside mt.autocast, with 16-bit copies of the weights, activations and
+gradients rounded to the 16-bit grid, and the float32 master weights and AdamW state updated
+after it; float16 adds dynamic loss scaling (mt.LossScaler: a step whose gradients overflow is
+skipped and the scale halved, and the scale doubles after --loss-scale-interval clean steps),
+whose state the checkpoint keeps.
 
 Fine-tuning (--init-from DIR) starts from a checkpoint that train.py wrote instead of random
 weights: its model (so its architecture: a model flag that contradicts it is refused, as with

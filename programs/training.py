@@ -232,6 +232,12 @@ def set_up(args, explicit, run):
     if args.dtype == "float16":
         loss_scaler = mt.LossScaler(growth_interval=args.loss_scale_interval)
         if args.resume and "loss_scaler" in meta:
+            kept = meta["loss_scaler"].get("growth_interval") if isinstance(meta["loss_scaler"], dict) else None
+            if "loss_scale_interval" in explicit and kept is not None and args.loss_scale_interval != kept:
+                raise FlagError(
+                    "loss_scale_interval", f"{args.loss_scale_interval} with --resume",
+                    f"the checkpoint's {kept} ({path}): a resumed run keeps its loss scaler; drop the flag",
+                )  # fmt: skip
             try:
                 loss_scaler.load_state_dict(meta["loss_scaler"])
             except InputError as error:

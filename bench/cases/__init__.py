@@ -46,5 +46,6 @@ CASES = [
     Case("quantize", "electives.quantize", "int8 and int4 weights", "docs/electives/quantization.md"),
     Case("lora", "electives.lora", "LoRA fine-tuning", "docs/electives/lora.md"),
     Case("checkpointing", "electives.checkpointing", "Gradient checkpointing", "docs/electives/checkpointing.md"),
+    Case("mixed_precision", "electives.mixed_precision", "16-bit training", "docs/electives/mixed-precision.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}

@@ -31,7 +31,11 @@ which:
     anyway), are stored as 16-bit arrays (float16, or bfloat16 as uint16) and made float32 again
     when backward reads them: half the bytes of what backward alone keeps;
 (c) each op's float32 output, and each gradient flowing back between ops and into a parameter, is
-    rounded to the 16-bit grid, so that float16's overflow and underflow happen where they would.
+    rounded to the 16-bit grid, so that float16's overflow and underflow happen where they would;
+    a one-element output (the loss) and its gradient are kept in float32, as losses and
+    reductions to one number are in 16-bit training elsewhere: rounding the loss to bfloat16's 8
+    bits would round every loss printed to 0.016, and S, the gradient at a scaled loss, is no
+    16-bit value.
 Run backward inside the block: the parameters' gradient hook and the 16-bit copies live there.
 Float64 arrays (gradient checks) are never rounded. The three hooks in microtensor/autograd.py
 are one `if` each: `apply` calls `round_output`, the walk calls `before_backward`, and `Context`
@@ -130,7 +134,9 @@ class Policy:
         copy) and pack what the op saved, other than its inputs and output, into 16 bits."""
         if out.dtype == np.float32:
             inputs = [a for a in arrays if isinstance(a, np.ndarray)]
-            if any(np.may_share_memory(out, a) for a in inputs):
+            if out.size == 1:
+                pass  # a loss: kept in float32, its value and the gradient backward starts from
+            elif any(np.may_share_memory(out, a) for a in inputs):
                 out = round_to(self.dtype, out)  # a view of an input: never change the input
             else:
                 _round_in_place(self.dtype, out)
@@ -148,7 +154,7 @@ class Policy:
         """Before an op's backward: its saved arrays back in float32, its output's gradient on the grid."""
         if any(isinstance(s, Packed) for s in ctx.saved_tensors):
             ctx.saved_tensors = tuple(unpack(self.dtype, s.bits) if isinstance(s, Packed) else s for s in ctx.saved_tensors)
-        if grad_out.dtype == np.float32:
+        if grad_out.dtype == np.float32 and grad_out.size > 1:
             grad_out = round_to(self.dtype, grad_out)
         return grad_out
 
@@ -229,10 +235,10 @@ class LossScaler:
         stepped = scaler.step(optimizer)                   # skipped after an overflow
         scaler.update()                                    # S halves, or grows after N clean steps
 
-    init_scale: 2^15, the largest power of two float16 holds (65504 is its largest value), so the
-    gradient at the loss itself does not overflow. growth_interval: see the docs page for 200."""
+    init_scale: 2^16, as PyTorch's GradScaler (a guess: too large a guess costs a few skipped
+    steps at the start). growth_interval: 200, not PyTorch's 2000 (the docs page says why)."""
 
-    def __init__(self, init_scale=2.0**15, growth_interval=200, growth_factor=2.0, backoff_factor=0.5):
+    def __init__(self, init_scale=2.0**16, growth_interval=200, growth_factor=2.0, backoff_factor=0.5):
         for name, value in (("init_scale", init_scale), ("growth_factor", growth_factor)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
                 raise InputError(f"LossScaler: {name} must be a finite number > 0, got {value!r}")
@@ -290,10 +296,12 @@ class LossScaler:
         return {"scale": self.scale_value, "clean_steps": self.clean_steps, "skipped_steps": self.skipped_steps, "growth_interval": self.growth_interval}
 
     def load_state_dict(self, state):
+        """Put back what state_dict() returned: the scale, the counts, and the growth interval."""
         try:
             scale, clean, skipped = float(state["scale"]), int(state["clean_steps"]), int(state["skipped_steps"])
-        except (KeyError, TypeError, ValueError) as error:
+            interval = int(state.get("growth_interval", self.growth_interval))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise InputError(f"LossScaler.load_state_dict: expected scale, clean_steps and skipped_steps, got {state!r} ({error!r})") from None
-        if not (math.isfinite(scale) and scale > 0) or clean < 0 or skipped < 0:
-            raise InputError(f"LossScaler.load_state_dict: a scale > 0 and counts >= 0 expected, got {state!r}")
-        self.scale_value, self.clean_steps, self.skipped_steps = scale, clean, skipped
+        if not (math.isfinite(scale) and scale > 0) or clean < 0 or skipped < 0 or interval < 1:
+            raise InputError(f"LossScaler.load_state_dict: a scale > 0, counts >= 0 and an interval >= 1 expected, got {state!r}")
+        self.scale_value, self.clean_steps, self.skipped_steps, self.growth_interval = scale, clean, skipped, interval
