@@ -208,3 +208,5 @@ def test_a_float16_run_resumes_exactly_with_its_loss_scaler(tmp_path, corpus, ca
     capsys.readouterr()
     assert run_train(two, corpus, "--max-iters", "12", "--dtype", "bfloat16", "--resume") == 1
     assert "--dtype: given bfloat16 with --resume, expected the checkpoint's dtype float16" in said(capsys)
+    assert run_train(two, corpus, "--max-iters", "12", "--dtype", "float16", "--loss-scale-interval", "5", "--resume") == 1
+    assert "--loss-scale-interval: given 5 with --resume, expected the checkpoint's 3" in said(capsys)
