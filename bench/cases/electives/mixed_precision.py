@@ -6,7 +6,8 @@
 The runs: train.py's defaults (4 layers, 4 heads, 128 wide, block 64, batch 12, AdamW, warmup and
 cosine decay ending at the last step, the same seed, so the same initial weights and batches) on
 tinyshakespeare, --iters steps each, evaluated once at the end (20 batches of each split); float16
-with train.py's loss scaling (--loss-scale-interval 200). Per dtype:
+with train.py's loss scaling (--loss-scale-interval 200), and once more with S fixed at 1 (an
+overflow still skips the step), to see what the scaling is for. Per dtype:
 
 - val loss at the end, and its difference from float32's at the same step;
 - skipped steps and the final loss scale (float16 only);
@@ -32,6 +33,7 @@ import train
 from microtensor.ops.electives import mixed_precision as mp
 
 DTYPES = ("float32", "float16", "bfloat16")
+UNSCALED = "float16, no loss scaling"  # a fourth run: what loss scaling is for
 VOCAB = 65  # tinyshakespeare's characters
 
 
@@ -40,7 +42,23 @@ def options(p):
     p.add_argument("--iters", type=int, default=500, help="training steps of each run")
 
 
+class NoLossScaling(mt.LossScaler):
+    """S = 1 for good: float16 without loss scaling (a step whose gradients overflow is still skipped)."""
+
+    def __init__(self, growth_interval=200):
+        super().__init__(init_scale=1.0, growth_interval=growth_interval)
+
+    def update(self):
+        self.found_inf = False
+
+
 def train_run(data, dtype, iters, folder):
+    if dtype == UNSCALED:  # train.py builds its scaler as mt.LossScaler: this run, one that never scales
+        scaler_class, mt.LossScaler = mt.LossScaler, NoLossScaling
+        try:
+            return train_run(data, "float16", iters, folder / "unscaled")
+        finally:
+            mt.LossScaler = scaler_class
     argv = ["--data", data, "--out-dir", str(folder / dtype), "--dtype", dtype, "--max-iters", str(iters),
             "--lr-decay-iters", str(iters), "--warmup-iters", str(min(100, iters)), "--eval-interval", str(max(iters, 1)),
             "--eval-iters", "20", "--sample-chars", "0"]  # fmt: skip
@@ -128,7 +146,7 @@ class _nothing:
 def measure(args, machine):
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for dtype in DTYPES:
+        for dtype in (*DTYPES, UNSCALED):
             results = train_run(args.data, dtype, args.iters, Path(folder))
             rows.append({
                 "dtype": dtype, "val_loss": results["final_val_loss"], "train_loss": results["final_train_loss"],
@@ -137,13 +155,13 @@ def measure(args, machine):
             print(f"{dtype}: val loss {results['final_val_loss']:.4f}, skipped {results['skipped_steps']}", flush=True)
     steps = {}
     with mt.using_kernels("fast"):
-        for row in rows:
+        for row in rows[: len(DTYPES)]:
             step, memory = step_parts(row["dtype"])
             step()  # compiles, and touches every path once
             row["saved_bytes"], row["graph_bytes"], row["peak_traced_bytes"] = memory()
             steps[row["dtype"]] = step
         times = alternate(steps, {}, None, args.repeat or 20, block=5, warmup=1)
-    for row in rows:
+    for row in rows[: len(DTYPES)]:
         row["step_median_s"] = statistics.median(times[row["dtype"]])
     return {"machine": machine, "iters": args.iters, "data": Path(args.data).name, "rows": rows}
 
@@ -168,11 +186,15 @@ def markdown(data):
     ]
     for row in data["rows"]:
         scale = "-" if row["loss_scale"] is None else f"{row['loss_scale']:g}"
-        skipped = "-" if row["dtype"] != "float16" else f"{row['skipped_steps']}"
+        skipped = f"{row['skipped_steps']}" if row["dtype"].startswith("float16") else "-"
+        measured = "step_median_s" in row  # the unscaled run's step is float16's
         lines.append(
             f"| {row['dtype']} | {row['val_loss']:.4f} | {row['val_loss'] - base['val_loss']:+.4f} | {skipped} | {scale} | "
-            f"{fmt_bytes(row['saved_bytes'])} | {fmt_bytes(row['graph_bytes'])} | {fmt_bytes(row['peak_traced_bytes'])} | "
-            f"{row['step_median_s'] * 1e3:.1f} | {row['step_median_s'] / base['step_median_s']:.2f}× |"
+            + (
+                f"{fmt_bytes(row['saved_bytes'])} | {fmt_bytes(row['graph_bytes'])} | {fmt_bytes(row['peak_traced_bytes'])} | "
+                f"{row['step_median_s'] * 1e3:.1f} | {row['step_median_s'] / base['step_median_s']:.2f}× |"
+                if measured else "as float16 | | | | |"
+            )
         )
     lines += ["", conditions_line(data["machine"])]
     return "\n".join(lines)
