@@ -7,6 +7,7 @@
     python train.py --pos alibi --n-kv-head 1 --mlp moe --attention online --tokenizer bpe   # the variants
     python train.py --init-from out --data other.txt --lora-rank 8 --out-dir out-lora     # LoRA fine-tuning
     python train.py --max-iters 11 --profile 10 --detect-anomaly   # step 10's profile; stop at the first NaN op
+    python train.py --dtype bfloat16                  # 16-bit training (float16: with loss scaling)
 
 Every gradient comes from microtensor's hand-written, gradient-checked backward functions.
 
@@ -27,6 +28,13 @@ The loss of every step is recorded, and with every checkpoint comes its plot, lo
 (programs/loss_plot.py): the per-step losses, their running mean, and the estimated train and val
 losses of each evaluation. The checkpoint carries the per-step losses in its JSON meta, so that a
 resumed run plots the whole curve. Every loss printed has its perplexity, exp(loss), beside it.
+
+16-bit training (--dtype float16 or bfloat16; docs/electives/mixed-precision.md): each step's
+forward and backward run inside mt.autocast, with 16-bit copies of the weights, activations and
+gradients rounded to the 16-bit grid, and the float32 master weights and AdamW state updated
+after it; float16 adds dynamic loss scaling (mt.LossScaler: a step whose gradients overflow is
+skipped and the scale halved, and the scale doubles after --loss-scale-interval clean steps),
+whose state the checkpoint keeps.
 
 Fine-tuning (--init-from DIR) starts from a checkpoint that train.py wrote instead of random
 weights: its model (so its architecture: a model flag that contradicts it is refused, as with
@@ -86,6 +94,8 @@ def build_parser():
     train.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
     train.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2")
     train.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
+    train.add_argument("--dtype", default="float32", help="float16 or bfloat16: 16-bit activations, gradients and weight copies, float32 master weights (docs/electives/mixed-precision.md)")
+    train.add_argument("--loss-scale-interval", type=int, default=200, help="with --dtype float16: double the loss scale after this many steps without an overflow")
     train.add_argument("--moe-aux-weight", type=float, default=0.01, help="coefficient of the experts' load-balancing loss, with --mlp moe")
     tune = p.add_argument_group("fine-tuning")
     tune.add_argument("--init-from", metavar="DIR", default=None, help="start from the checkpoint train.py wrote in DIR (its model and tokenizer) instead of random weights; alone, fine-tune every weight")
@@ -132,6 +142,7 @@ def train(args, explicit=None):
         setup = training.set_up(args, explicit, run)  # model, optimizer, tokenizer, batches, history, random states
         model, optimizer, batches, config = setup.model, setup.optimizer, setup.batches, setup.config
         cli.check_debugging_flags(args, setup.start)
+        scaler = setup.loss_scaler  # float16's loss scaling (None otherwise)
         if setup.fine_tuning is not None and setup.start == 0:  # where the fine-tuning starts from
             setup.initial = estimate_loss(model, batches, args, 0)
             if args.max_iters > 0:
@@ -156,26 +167,33 @@ def train(args, explicit=None):
                     group["lr"] = lr
                 with cli.StepWatch(args, iteration, progress.console) as watch:  # --detect-anomaly, --profile N
                     x, y = batches.get("train", args.batch_size, setup.batch_rng)
-                    logits, loss = model(mt.tensor(x), mt.tensor(y))
-                    # the next-token loss, without the experts' balancing term or the extra heads' (--mtp)
-                    loss_value = mtp.next_token_loss(model, loss).item()
-                    if config.mlp == "moe":
-                        tokens_per_expert += model.tokens_per_expert()
-                        if args.moe_aux_weight:
-                            loss = loss + args.moe_aux_weight * model.moe_aux_loss()
-                    if not math.isfinite(loss_value) or not math.isfinite(loss.item()):
-                        raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
-                    setup.history.losses.append(loss_value)
-                    head_losses = mtp.head_loss_values(model) if config.mtp > 1 else None
-                    loss.backward()
+                    with setup.low_precision():  # --dtype float16, bfloat16: 16-bit weight copies and activations
+                        logits, loss = model(mt.tensor(x), mt.tensor(y))
+                        # the next-token loss, without the experts' balancing term or the extra heads' (--mtp)
+                        loss_value = mtp.next_token_loss(model, loss).item()
+                        if config.mlp == "moe":
+                            tokens_per_expert += model.tokens_per_expert()
+                            if args.moe_aux_weight:
+                                loss = loss + args.moe_aux_weight * model.moe_aux_loss()
+                        if not math.isfinite(loss_value) or not math.isfinite(loss.item()):
+                            raise TrainingStopped(f"the loss became {loss_value} at step {iteration}; stopping, and {run.kept()} (try a lower --learning-rate or --grad-clip)")
+                        setup.history.losses.append(loss_value)
+                        head_losses = mtp.head_loss_values(model) if config.mtp > 1 else None
+                        (loss if scaler is None else scaler.scale(loss)).backward()
                     # Memory: `loss` and `logits` reach the whole graph, which holds every activation of the
                     # step. Dropped now, not when the next forward rebinds the names, so that two graphs
                     # never coexist at the peak.
                     del logits, loss
                     with watch.phase("optimizer"):
-                        if args.grad_clip > 0:
+                        if scaler is not None and scaler.unscale(setup.trainable):  # float16: a gradient overflowed
+                            progress.console.print(f"step {iteration}: a gradient overflowed float16 at loss scale {scaler.scale_value:g}; step skipped, scale halved")
+                        elif args.grad_clip > 0:
                             optim.clip_grad_norm(setup.trainable, args.grad_clip)
-                        optimizer.step()
+                        if scaler is None:
+                            optimizer.step()
+                        else:
+                            scaler.step(optimizer)  # skipped after an overflow: the weights stay as they are
+                            scaler.update()
                         optimizer.zero_grad()  # the gradients go as soon as the step has used them, not during the next forward
                 train_time += time.perf_counter() - step_start
                 if time.perf_counter() - last_shown > 0.25 or iteration == args.max_iters - 1:
@@ -184,6 +202,8 @@ def train(args, explicit=None):
                     status = f"loss {loss_value:.4f}  lr {lr:.2e}  {done * tokens_per_step / train_time:,.0f} tok/s"
                     if config.mtp > 1:  # the extra heads' losses of this step, heads 2 .. n
                         status += "  mtp " + "/".join(f"{v:.2f}" for v in head_losses[1:])
+                    if scaler is not None:
+                        status += f"  scale {scaler.scale_value:g}"
                     progress.update(task, completed=iteration + 1, status=status)
                     last_shown = time.perf_counter()
         losses = estimate_loss(model, batches, args, args.max_iters)
@@ -206,6 +226,8 @@ def train(args, explicit=None):
             "trainable_parameters": trained, "fine_tuning": setup.fine_tuning,
             "initial_train_loss": None if setup.initial is None else setup.initial["train"],
             "initial_val_loss": None if setup.initial is None else setup.initial["val"],
+            "dtype": args.dtype, "loss_scale": None if scaler is None else scaler.scale_value,
+            "skipped_steps": 0 if scaler is None else scaler.skipped_steps,
         }  # fmt: skip
         if config.mtp > 1:
             results["final_val_head_losses"] = losses["val_heads"]
@@ -237,17 +259,18 @@ def estimate_loss(model, batches, args, iteration):
     rng = np.random.default_rng([args.seed, iteration])
     model.eval()
     losses = {}
-    for split in ("train", "val"):
-        values, heads = [], []
-        for _ in range(args.eval_iters):
-            x, y = batches.get(split, args.batch_size, rng)
-            loss = model(mt.tensor(x), mt.tensor(y))[1]
-            values.append(mtp.next_token_loss(model, loss).item())
-            if model.config.mtp > 1:
-                heads.append(mtp.head_loss_values(model))
-        losses[split] = float(np.mean(values))
-        if heads and split == "val":
-            losses["val_heads"] = np.mean(heads, axis=0).tolist()
+    with training.low_precision(args, model):  # the model as it trains: in --dtype
+        for split in ("train", "val"):
+            values, heads = [], []
+            for _ in range(args.eval_iters):
+                x, y = batches.get(split, args.batch_size, rng)
+                loss = model(mt.tensor(x), mt.tensor(y))[1]
+                values.append(mtp.next_token_loss(model, loss).item())
+                if model.config.mtp > 1:
+                    heads.append(mtp.head_loss_values(model))
+            losses[split] = float(np.mean(values))
+            if heads and split == "val":
+                losses["val_heads"] = np.mean(heads, axis=0).tolist()
     model.train()
     return losses
 
@@ -265,6 +288,10 @@ def show_results(results, args):
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("kernel set", results["kernels"])
+    if results["dtype"] != "float32":
+        table.add_row("dtype", f"{results['dtype']} (float32 master weights)")
+    if results["loss_scale"] is not None:
+        table.add_row("loss scale, skipped steps", f"{results['loss_scale']:g}, {results['skipped_steps']:,}")
     table.add_row("steps run", f"{results['steps']:,}")
     table.add_row("final train loss", with_perplexity(results["final_train_loss"]))
     table.add_row("final val loss", with_perplexity(results["final_val_loss"]))

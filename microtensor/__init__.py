@@ -12,7 +12,7 @@ Where things live (the files the default GPT runs at the top of each folder, the
 `electives/` beside them): `tensor.py` (Tensor), `autograd.py` (Function and the backward walk),
 `ops/` (one file per op: math, readable kernels, backward, gradient check; `ops/electives/` for the
 techniques: RMSNorm, SiLU, RoPE, online attention, mixture of experts, LoRA, quantization,
-gradient checkpointing: `checkpoint`),
+gradient checkpointing: `checkpoint`; 16-bit training: `autocast`, `LossScaler`),
 `kernels.py` (the switch between the readable kernels and the fast ones in `fast/` and
 `fast/electives/`), `functional.py` (the ops as functions), `nn.py` (modules, and the sinusoidal
 position table), `optim.py` (optimizers), `gradcheck.py` (finite differences), `checks.py` (every
@@ -40,6 +40,7 @@ from .kernels import get_kernels, set_kernels, using_kernels
 from .threads import num_threads
 from .ops.shape import cat, concat, split, stack, where
 from .ops.electives.checkpointing import checkpoint
+from .ops.electives.mixed_precision import LossScaler, autocast
 from .random import get_generator, manual_seed
 
 __version__ = "0.1.0"

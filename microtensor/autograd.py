@@ -74,6 +74,7 @@ _forward_tangents = None  # while jvp() runs: {id(tensor): (tensor, its tangent 
 # While detect_anomaly() or profile() runs (microtensor/anomaly.py, profiler.py): the object that
 # watches every op, with `apply(function, args, kwargs)` and `backward_op(ctx, grad_out)`; None otherwise.
 _observer = None
+_low_precision = None  # inside mt.autocast: its 16-bit Policy (ops/electives/mixed_precision.py); None otherwise
 
 
 def is_grad_enabled():
@@ -131,6 +132,7 @@ class Context:
         self.saved_tensors = ()
         self.freed = False
         self.forward_mode = _forward_tangents is not None  # True while jvp() runs: the JVP rules read what forward saves
+        self.low_precision = _low_precision  # made inside mt.autocast: its backward rounds to 16 bits too
 
     @property
     def name(self):
@@ -207,6 +209,8 @@ class Function:
             raise _allocation_error(cls, "forward", args, error) from None
         if type(out) is not np.ndarray:
             out = _as_output_array(cls, out)
+        if _low_precision is not None:  # 16-bit training: the output on the grid, the saved arrays in 16 bits
+            out = _low_precision.round_output(ctx, arrays, out)
         result = Tensor._from_array(out, requires_grad)
         if requires_grad:
             result._ctx = ctx
@@ -526,6 +530,8 @@ def backward(root, grad=None, retain_graph=False, run_op=None):
                 "by the first backward; call backward(retain_graph=True) the first time"
             )
         ctx.check_versions(tensor)
+        if ctx.low_precision is not None:  # 16-bit training: saved arrays back to float32, grad_out on the grid
+            grad_out = ctx.low_precision.before_backward(ctx, grad_out)
         try:
             if run_op is None:
                 input_grads = ctx.function.backward(ctx, grad_out)

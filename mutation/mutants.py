@@ -1005,4 +1005,19 @@ MUTANTS = [
         jit=True,
         why="the cache keeps the keys and values of the rejected drafts: the next tokens attend to a context that is not the text",
     ),
+    # ----------------------------------------------------------------------------- 16-bit training
+    Mutant(
+        "mixed_precision.bfloat16_truncates", "microtensor/ops/electives/mixed_precision.py",
+        "rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))",
+        "rounding = np.uint32(0)",
+        'tests/electives/test_mixed_precision.py -k "bfloat16_is_the_upper_half"',
+        why="the lower 16 bits are cut off instead of rounded: every bfloat16 rounds toward zero",
+    ),
+    Mutant(
+        "mixed_precision.overflow_not_skipped", "microtensor/ops/electives/mixed_precision.py",
+        "        if self.found_inf:\n            self.skipped_steps += 1\n            return False\n",
+        "",
+        'tests/electives/test_mixed_precision.py -k "overflow_skips"',
+        why="an overflowed step is taken anyway: inf or nan gradients reach the weights",
+    ),
 ]

@@ -9,6 +9,7 @@ the estimate `training_step_bytes` in gpt/model/transformer.py). A run that star
 checkpoint (--resume, --init-from) then refuses every flag that contradicts it, naming both values
 (`check_resume`, `check_base_flags`). `set_up` builds the rest.
 """
+import contextlib
 import dataclasses
 import math
 import os
@@ -39,7 +40,10 @@ DEPENDENT_FLAGS = {
     **{f.name: f.metadata["only_with"] for f in dataclasses.fields(GPTConfig) if "only_with" in f.metadata},  # --n-expert needs --mlp moe
     "moe_aux_weight": ("mlp", "moe"), "vocab_size": ("tokenizer", "bpe"),
     "lora_rank": ("init_from", GIVEN), "lora_alpha": ("lora_rank", GIVEN), "lora_targets": ("lora_rank", GIVEN),
+    "loss_scale_interval": ("dtype", "float16"),
 }  # fmt: skip
+# --dtype: the format of activations, gradients and weight copies (docs/electives/mixed-precision.md)
+TRAINING_DTYPES = ("float32", "float16", "bfloat16")
 # AdamW's settings that a checkpoint's optimizer state holds (the learning rate is the schedule's)
 OPTIMIZER_FLAGS = ("beta1", "beta2", "weight_decay")
 
@@ -52,6 +56,10 @@ def check_args(args, explicit=()):
         if not ok:
             raise FlagError(name, getattr(args, name), expected)
 
+    need(
+        args.dtype in TRAINING_DTYPES, "dtype",
+        "float32, float16 or bfloat16 (16-bit training keeps float32 master weights; 8-bit floats are not supported)",
+    )  # fmt: skip
     # A flag given without the one it belongs with is named first: its value then means nothing.
     for name, (other, value) in DEPENDENT_FLAGS.items():
         if value is GIVEN and name in explicit and getattr(args, other) is None:
@@ -60,7 +68,7 @@ def check_args(args, explicit=()):
         if value is not GIVEN and name in explicit and getattr(args, other) != value:
             raise FlagError(name, f"{getattr(args, name)} without {flag(other)} {value}", f"{flag(other)} {value} as well: alone it changes nothing")
     config = config_from_flags(GPTConfig, args, vocab_size=1)  # the model's flags: GPTConfig checks them (the vocabulary comes later)
-    for name in ("batch_size", "eval_interval", "eval_iters"):
+    for name in ("batch_size", "eval_interval", "eval_iters", "loss_scale_interval"):
         need(getattr(args, name) >= 1, name, "an integer >= 1")
     if not args.resume and args.init_from is None:  # else the model is the checkpoint's: set_up checks it
         # before the text is read: with a vocabulary of 1 (BPE: --vocab-size), a step needs at least this
@@ -124,6 +132,7 @@ def set_up(args, explicit, run):
         start = meta["iteration"]
         check_resume(args, explicit, path, config, optim_state, start)
         check_resume_fine_tuning(args, explicit, path, meta)
+        check_resume_dtype(args, explicit, path, meta)
         lora_record = meta.get("lora")
         if lora_record is not None:  # the checkpoint holds adapters alone: their base comes first
             base_state, _ = checkpoint.load_base(args.out_dir, meta)
@@ -219,12 +228,28 @@ def set_up(args, explicit, run):
     fine_tuning = describe_fine_tuning(lora_record, base_record)
     if fine_tuning is not None:
         console.print(f"fine-tuning {escape(fine_tuning)}: {trained:,} of the {total:,} parameters are trained")
+    loss_scaler = None  # float16's dynamic loss scaling; bfloat16 has float32's range and needs none
+    if args.dtype == "float16":
+        loss_scaler = mt.LossScaler(growth_interval=args.loss_scale_interval)
+        if args.resume and "loss_scaler" in meta:
+            kept = meta["loss_scaler"].get("growth_interval") if isinstance(meta["loss_scaler"], dict) else None
+            if "loss_scale_interval" in explicit and kept is not None and args.loss_scale_interval != kept:
+                raise FlagError(
+                    "loss_scale_interval", f"{args.loss_scale_interval} with --resume",
+                    f"the checkpoint's {kept} ({path}): a resumed run keeps its loss scaler; drop the flag",
+                )  # fmt: skip
+            try:
+                loss_scaler.load_state_dict(meta["loss_scaler"])
+            except InputError as error:
+                raise checkpoint.CheckpointError(f"{path}: its loss scaler's state cannot be restored ({error})") from None
+    if args.dtype != "float32":
+        console.print(f"{args.dtype} activations, gradients and weight copies; float32 master weights and AdamW state")
     initial = None  # a resumed fine-tuning's losses before it started, measured by the run resumed here
     if fine_tuning is not None and start > 0 and history.evaluations and history.evaluations[0][0] == 0:
         initial = dict(zip(("train", "val"), history.evaluations[0][1:]))
     return TrainingSetup(
         args, run, config, model, optimizer, trainable, tokenizer, batches, batch_rng, history, start, best_val,
-        text_sha256, val_chars_per_token, lora_record, base_record, fine_tuning, initial,
+        text_sha256, val_chars_per_token, lora_record, base_record, fine_tuning, initial, loss_scaler=loss_scaler,
     )  # fmt: skip
 
 
@@ -250,7 +275,13 @@ class TrainingSetup:
     base_record: dict | None  # the base of a full fine-tuning (--init-from without --lora-rank)
     fine_tuning: str | None  # one line on what is fine-tuned (None: nothing is)
     initial: dict | None = None  # the losses on --data before fine-tuning: where it starts from
+    loss_scaler: object = None  # mt.LossScaler with --dtype float16, else None
     evaluations: list = dataclasses.field(default_factory=list)  # (step, train loss, val loss) of this run
+
+    def low_precision(self):
+        """The block a step's forward and backward run in: mt.autocast for --dtype float16 or
+        bfloat16 (16-bit copies of every weight, float32 masters kept aside), else nothing."""
+        return low_precision(self.args, self.model)
 
     @property
     def plot_path(self):
@@ -270,6 +301,8 @@ class TrainingSetup:
             "best_val": self.best_val, "batch_rng": self.batch_rng.bit_generator.state, "global_rng": mt.random.get_state(),
             "data_path": data.data_path(args.data), "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
         }  # fmt: skip
+        if self.loss_scaler is not None:
+            meta["loss_scaler"] = self.loss_scaler.state_dict()
         if self.lora_record is not None:
             meta["lora"] = self.lora_record
         elif self.base_record is not None:
@@ -294,6 +327,22 @@ class TrainingSetup:
             f"{signal_name(run.stop_signal)}: interrupted at step {iteration}; saved to {run.path}; "
             "resume with --resume (and the same flags)", 128 + run.stop_signal,
         )  # fmt: skip
+
+
+def low_precision(args, model):
+    """mt.autocast(--dtype, the model's parameters), or a block that does nothing for float32."""
+    if args.dtype == "float32":
+        return contextlib.nullcontext()
+    return mt.autocast(args.dtype, model.parameters())
+
+
+def check_resume_dtype(args, explicit, path, meta):
+    """A resumed run keeps the checkpoint's --dtype (and its loss scaler): a contradicting flag is
+    refused; without the flag, the checkpoint's is taken."""
+    kept = meta.get("args", {}).get("dtype", "float32") if isinstance(meta.get("args"), dict) else "float32"
+    if "dtype" in explicit and args.dtype != kept:
+        raise FlagError("dtype", f"{args.dtype} with --resume", f"the checkpoint's dtype {kept} ({path}): a resumed run keeps it; drop the flag")
+    args.dtype = kept
 
 
 def check_model_flags(args, explicit, path, config, given_with, keeps):

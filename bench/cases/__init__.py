@@ -48,5 +48,6 @@ CASES = [
     Case("checkpointing", "electives.checkpointing", "Gradient checkpointing", "docs/electives/checkpointing.md"),
     Case("dpo", "electives.dpo", "Direct preference optimization", "docs/electives/dpo.md"),
     Case("mtp", "electives.mtp", "Multi-token prediction and self-speculative decoding", "docs/electives/multi-token-prediction.md"),
+    Case("mixed_precision", "electives.mixed_precision", "16-bit training", "docs/electives/mixed-precision.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}
