@@ -46,5 +46,6 @@ CASES = [
     Case("quantize", "electives.quantize", "int8 and int4 weights", "docs/electives/quantization.md"),
     Case("lora", "electives.lora", "LoRA fine-tuning", "docs/electives/lora.md"),
     Case("checkpointing", "electives.checkpointing", "Gradient checkpointing", "docs/electives/checkpointing.md"),
+    Case("scaling_laws", "electives.scaling_laws", "Scaling laws: a sweep of sizes and an IsoFLOP curve", "docs/electives/scaling-laws.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}
