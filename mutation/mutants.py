@@ -950,4 +950,12 @@ MUTANTS = [
         "tests/electives/test_checkpointing.py -k changed_in_place",
         why="an input changed in place after forward goes unnoticed, and fn runs again on values forward never saw",
     ),
+    # ----------------------------------------------------------------------------- scaling laws
+    Mutant(
+        "scaling_laws.alpha_derivative_sign", "bench/cases/electives/scaling_laws.py",
+        "-size_term * np.log(n), data_term",
+        "size_term * np.log(n), data_term",
+        'tests/electives/test_scaling_laws.py -k "fit_is_exact or recovers_known"',
+        why="dL/dalpha without its minus sign: the fit's steps in alpha go the wrong way and it stops away from the law's constants",
+    ),
 ]
