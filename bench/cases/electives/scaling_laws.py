@@ -424,7 +424,7 @@ def measure(args, machine):
 
 
 WIDTH, HEIGHT = 760, 440
-MARGIN = {"left": 72, "right": 24, "top": 62, "bottom": 56}
+MARGIN = {"left": 72, "right": 24, "top": 80, "bottom": 56}
 COLORS = {"tokens": "#1f5f99", "isoflop": "#c0282d", "fit": "#e07b00"}
 
 
@@ -479,9 +479,9 @@ def scaling_svg(title, note, points, curves, marker=None, x_label="non-embedding
         coordinates = " ".join(f"{frame.x(math.log10(n)):.2f},{frame.y(loss):.2f}" for n, loss in line)
         dash = ' stroke-dasharray="6 4"' if dashed else ""
         parts.append(f'<g id="{series}"><polyline points="{coordinates}" fill="none" stroke="{COLORS["fit"]}" stroke-width="1.8"{dash}/></g>')
-        y = frame.top + 16 + 18 * row
-        parts.append(f'<line x1="{right - 250}" y1="{y}" x2="{right - 222}" y2="{y}" stroke="{COLORS["fit"]}" stroke-width="1.8"{dash}/>')
-        parts.append(f'<text x="{right - 214}" y="{y + 4}">{escape(label)}</text>')
+        x, y = frame.left + 330 * row, frame.top - 12  # the legend: one row above the plot, where it hides no point
+        parts.append(f'<line x1="{x}" y1="{y}" x2="{x + 28}" y2="{y}" stroke="{COLORS["fit"]}" stroke-width="1.8"{dash}/>')
+        parts.append(f'<text x="{x + 34}" y="{y + 4}">{escape(label)}</text>')
     if marker is not None:
         x = frame.x(math.log10(marker[0]))
         parts.append(f'<g id="minimum"><line x1="{x:.2f}" y1="{frame.top}" x2="{x:.2f}" y2="{bottom}" stroke="#555" stroke-dasharray="2 3"/>')
@@ -516,7 +516,7 @@ def figures(data):
         f"{s['settings']['data']}, context {s['settings']['block_size']}, batch {s['settings']['batch_size']}; the line: the law fitted to both sweeps",
         [(r["non_embedding"], r["val_loss"], tooltip(r)) for r in tokens_runs],
         [("law", f"E + A/N^{fit['alpha']:.2f} + B/D^{fit['beta']:.2f}", curve_points(*n_range, lambda n: law(theta, n, d)), False),
-         ("irreducible", f"E + B/D^β = {fit['E'] + fit['B'] * d ** -fit['beta']:.3f}: the limit as N grows",
+         ("irreducible", f"E + B/D^β = {fit['E'] + fit['B'] * d ** -fit['beta']:.3f}, the limit of large N",
           curve_points(*n_range, lambda n: fit["E"] + fit["B"] * d ** -fit["beta"], count=2), True)],
     )  # fmt: skip
     iso_runs = by_sweep["isoflop"]
