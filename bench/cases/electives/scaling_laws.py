@@ -59,8 +59,8 @@ def options(p):
     p.add_argument("--data", default=default_data, help="text to train on: a file, or 'shakespeare' for the corpus train.py fetches")
     p.add_argument("--sizes", default="2x32,2x48,3x64,4x96,4x128,5x160,6x192", help="the fixed-token sweep's models, LAYERSxWIDTH, comma-separated")
     p.add_argument("--tokens", type=int, default=200_000, help="tokens each model of --sizes trains on")
-    p.add_argument("--isoflop-sizes", default="2x48,3x64,4x96,4x128,5x160,6x192", help="the IsoFLOP sweep's models, LAYERSxWIDTH")
-    p.add_argument("--compute", type=float, default=6e11, help="the IsoFLOP sweep's budget C = 6 N D, in FLOPs")
+    p.add_argument("--isoflop-sizes", default="1x32,2x32,2x48,3x64,4x96,4x128", help="the IsoFLOP sweep's models, LAYERSxWIDTH")
+    p.add_argument("--compute", type=float, default=3e11, help="the IsoFLOP sweep's budget C = 6 N D, in FLOPs")
     p.add_argument("--block-size", type=int, default=64, help="context length")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     p.add_argument("--learning-rate", type=float, default=2e-3, help="peak learning rate (warmup over a tenth of the run, then cosine)")
@@ -569,13 +569,19 @@ def generated_part(data):
         *(f"| {symbol} | {plus_minus(name, fit)} |" for name, symbol in zip(LAW_CONSTANTS, ("E", "A", "α", "B", "β"))),
         "",
     ]
+    iso_n = [r["non_embedding"] for r in s["runs"] if r["sweep"] == "isoflop"]
     if minimum["n_opt"]:
         between = f" (95% of {minimum['resamples']} bootstrap refits between {minimum['n_opt_low']:,.0f} and {minimum['n_opt_high']:,.0f})" if minimum["n_opt_low"] else ""
         lines.append(
             f"Compute-optimal at C = {settings['compute']:.3g} FLOPs: the IsoFLOP parabola's minimum is at N ≈ {minimum['n_opt']:,.0f}{between}, "
-            f"so D ≈ {minimum['d_opt']:,.0f} tokens, {minimum['d_opt'] / minimum['n_opt']:.1f} tokens per parameter, loss {minimum['loss_opt']:.4f}. "
+            f"so D ≈ {minimum['d_opt']:,.0f} tokens, {minimum['d_opt'] / minimum['n_opt']:,.1f} tokens per parameter, loss {minimum['loss_opt']:.4f}. "
             f"The fitted law puts it at N ≈ {minimum['law_n_opt']:,.0f}."
         )
+        if not min(iso_n) <= minimum["n_opt"] <= max(iso_n):
+            lines[-1] += (
+                f" That minimum lies outside the sizes trained ({min(iso_n):,} to {max(iso_n):,}): the curve does not bracket it, "
+                "and the parabola only extrapolates."
+            )
     else:
         lines.append(f"The IsoFLOP points at C = {settings['compute']:.3g} FLOPs make a parabola that opens downward: no minimum within them.")
     reference = s["reference_step_s"]
