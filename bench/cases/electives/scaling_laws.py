@@ -59,7 +59,7 @@ def options(p):
     p.add_argument("--data", default=default_data, help="text to train on: a file, or 'shakespeare' for the corpus train.py fetches")
     p.add_argument("--sizes", default="2x32,2x48,3x64,4x96,4x128,5x160,6x192", help="the fixed-token sweep's models, LAYERSxWIDTH, comma-separated")
     p.add_argument("--tokens", type=int, default=200_000, help="tokens each model of --sizes trains on")
-    p.add_argument("--isoflop-sizes", default="1x32,2x32,2x48,3x64,4x96,4x128", help="the IsoFLOP sweep's models, LAYERSxWIDTH")
+    p.add_argument("--isoflop-sizes", default="1x16,1x24,1x32,2x32,2x48,3x64", help="the IsoFLOP sweep's models, LAYERSxWIDTH")
     p.add_argument("--compute", type=float, default=3e11, help="the IsoFLOP sweep's budget C = 6 N D, in FLOPs")
     p.add_argument("--block-size", type=int, default=64, help="context length")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
@@ -461,8 +461,9 @@ def scaling_svg(title, note, points, curves, marker=None, x_label="non-embedding
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
         f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        *loss_plot.heading(title, note),
-    ]
+        f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{escape(title)}</text>',
+        f'<text x="{WIDTH / 2}" y="44" text-anchor="middle" fill="#555">{escape(note)}</text>',
+    ]  # loss_plot.heading centres on its own, wider page
     for n in log_ticks(10**low, 10**high):
         x = frame.x(math.log10(n))
         parts.append(f'<line x1="{x:.2f}" y1="{frame.top}" x2="{x:.2f}" y2="{bottom}" stroke="#e4e4e4"/>')
@@ -509,7 +510,7 @@ def figures(data):
         return f"{r['n_layer']} layers × {r['n_embd']}: N {r['non_embedding']:,}, D {r['tokens']:,}: loss {r['val_loss']:.4f}"
 
     tokens_runs = by_sweep["tokens"]
-    d = s["settings"]["tokens"]
+    d = tokens_runs[0]["tokens"]  # --tokens rounded to whole batches
     n_range = (min(r["non_embedding"] for r in tokens_runs), max(r["non_embedding"] for r in tokens_runs))
     tokens_svg = scaling_svg(
         f"held-out loss against size, every model trained on D = {d:,} tokens",
@@ -584,6 +585,14 @@ def generated_part(data):
             )
     else:
         lines.append(f"The IsoFLOP points at C = {settings['compute']:.3g} FLOPs make a parabola that opens downward: no minimum within them.")
+    best = min((r for r in s["runs"] if r["sweep"] == "isoflop"), key=lambda r: r["val_loss"])
+    share = fit["constants"]["beta"] / (fit["constants"]["alpha"] + fit["constants"]["beta"])
+    lines += [
+        "",
+        f"The lowest IsoFLOP loss measured: {best['n_layer']} × {best['n_embd']} (N = {best['non_embedding']:,}) on {best['tokens']:,} tokens, "
+        f"{best['tokens'] / best['non_embedding']:,.0f} tokens per parameter. By the fitted law, N_opt grows as C^{share:.2f} and D_opt as "
+        f"C^{1 - share:.2f} (Kaplan et al.: C^0.73 and C^0.27; Hoffmann et al.: about C^0.5 each).",
+    ]
     reference = s["reference_step_s"]
     loads = s["load_average_1min"]
     lines += ["", f"The whole sweep took {s['wall_time_s'] / 60:.1f} minutes (load average {min(loads):.1f}–{max(loads):.1f} during it)."]
