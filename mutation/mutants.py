@@ -1020,4 +1020,12 @@ MUTANTS = [
         'tests/electives/test_mixed_precision.py -k "overflow_skips"',
         why="an overflowed step is taken anyway: inf or nan gradients reach the weights",
     ),
+    # ----------------------------------------------------------------------------- scaling laws
+    Mutant(
+        "scaling_laws.alpha_derivative_sign", "bench/cases/electives/scaling_laws.py",
+        "-size_term * np.log(n), data_term",
+        "size_term * np.log(n), data_term",
+        'tests/electives/test_scaling_laws.py -k "fit_is_exact or recovers_known"',
+        why="dL/dalpha without its minus sign: the fit's steps in alpha go the wrong way and it stops away from the law's constants",
+    ),
 ]
