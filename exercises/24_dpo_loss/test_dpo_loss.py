@@ -1,4 +1,4 @@
-"""The checks of exercise 25. Run them with `python -m exercises check dpo_loss`."""
+"""The checks of exercise 24. Run them with `python -m exercises check dpo_loss`."""
 import numpy as np
 
 import microtensor as mt

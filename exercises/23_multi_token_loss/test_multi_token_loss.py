@@ -1,4 +1,4 @@
-"""The checks of exercise 24. Run them with `python -m exercises check multi_token_loss`."""
+"""The checks of exercise 23. Run them with `python -m exercises check multi_token_loss`."""
 import numpy as np
 
 import microtensor as mt

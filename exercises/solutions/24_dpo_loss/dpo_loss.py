@@ -1,4 +1,4 @@
-"""Exercise 25: DPO's loss. The task is in README.md; write the TODOs below.
+"""Exercise 24: DPO's loss. The task is in README.md; write the TODOs below.
 
     m = (pc - rc) - (pr - rr)          (B,)    the four inputs: log-probabilities of the pairs
     L = mean(-log σ(β m))              ()
