@@ -1,6 +1,8 @@
 """Run a Python script with its arguments; print what Numba compiled on the way as the last line
-(JSON): each kernel with the seconds its compilation took, the kernels it calls included, and the
-CPU seconds (user + system) of the whole run.
+(JSON): each kernel with the seconds its compilation took, the kernels it calls included, as wall
+seconds ("kernels") and as CPU seconds of the compiling thread ("kernels_cpu"), and the CPU seconds
+(user + system) of the whole run. Numba compiles in the thread that calls the kernel, so on a busy
+machine the CPU seconds are the figure to compare: the wall seconds grow with the load.
 
     python bench/compile_times.py train.py --max-iters 1
 
@@ -21,24 +23,27 @@ from numba.core import event
 
 class CompileTimes(event.Listener):
     def __init__(self):
-        self.started, self.done = {}, []  # done: (start, end, kernel's qualified name, signature)
+        self.started, self.done = {}, []  # done: (start, end, CPU seconds, kernel's qualified name, signature)
 
     def on_start(self, ev):
-        self.started[id(ev.data["dispatcher"]), str(ev.data["args"])] = time.perf_counter()
+        self.started[id(ev.data["dispatcher"]), str(ev.data["args"])] = time.perf_counter(), time.thread_time()
 
     def on_end(self, ev):
         dispatcher, args = ev.data["dispatcher"], str(ev.data["args"])
-        start = self.started.pop((id(dispatcher), args))
+        start, cpu_start = self.started.pop((id(dispatcher), args))
         function = dispatcher.py_func
-        self.done.append((start, time.perf_counter(), f"{function.__module__}.{function.__qualname__}", args))
+        name = f"{function.__module__}.{function.__qualname__}"
+        self.done.append((start, time.perf_counter(), time.thread_time() - cpu_start, name, args))
 
     def outermost(self):
-        """{kernel: seconds} of the compilations that no other compilation contains."""
-        seconds = {}
-        for start, end, name, _ in self.done:
-            if not any(s <= start and end <= e and (s, e) != (start, end) for s, e, _, _ in self.done):
+        """({kernel: wall seconds}, {kernel: CPU seconds}) of the compilations that no other
+        compilation contains (told by their wall-clock intervals)."""
+        seconds, cpu_seconds = {}, {}
+        for start, end, cpu, name, _ in self.done:
+            if not any(s <= start and end <= e and (s, e) != (start, end) for s, e, _, _, _ in self.done):
                 seconds[name] = seconds.get(name, 0.0) + end - start
-        return seconds
+                cpu_seconds[name] = cpu_seconds.get(name, 0.0) + cpu
+        return seconds, cpu_seconds
 
 
 listener = CompileTimes()
@@ -51,10 +56,11 @@ try:
 except SystemExit as exit_:
     if exit_.code not in (0, None):
         raise
-outermost = listener.outermost()
+outermost, outermost_cpu = listener.outermost()
 usage = resource.getrusage(resource.RUSAGE_SELF)  # this process, every thread of it
 print(json.dumps({
     "compilations": len(listener.done),
     "kernels": dict(sorted(outermost.items(), key=lambda item: -item[1])),
+    "kernels_cpu": dict(sorted(outermost_cpu.items(), key=lambda item: -item[1])),
     "cpu_s": usage.ru_utime + usage.ru_stime,
 }))  # fmt: skip

@@ -867,8 +867,8 @@ MUTANTS = [
     ),
     Mutant(
         "decode.learned_position", "gpt/generation/decode_kernel.py",
-        "table_row(w.wpe, position + r, position_row)",
-        "table_row(w.wpe, position + r - 1, position_row)",
+        "add_position_row(w.wpe, position + r, position_row, x[r])",
+        "add_position_row(w.wpe, position + r - 1, position_row, x[r])",
         'tests/test_gpt.py -k "test_decode_step and layernorm-gelu-learned-False-True"',
         jit=True,
         why="the new token gets the previous position's embedding",

@@ -440,6 +440,14 @@ def test_generate_startup_and_convergence_rows():
         "| `pkg.k11` | 0.90 | 5% |",
         "| 2 more | 1.50 | 8% |",
     ])  # fmt: skip
+    startup["cold_compiled"]["kernels_cpu"] = {f"pkg.k{i}": 1.0 - i / 20 for i in range(14)}  # bench/compile_times.py's CPU seconds
+    [(_, lines)] = case_module("startup").sections({"startup": startup})
+    assert_lines("\n".join(lines), [
+        "`train.py --max-iters 1` with an empty Numba cache: 11.1 s wall, 9.5 s CPU; 9.4 CPU seconds of it compiling 14 kernels "
+        "(20 compilations, a kernel's callees counted in its own time). The slowest:",
+        "| kernel | compile CPU (s) | share of compiling |",
+        "| `pkg.k0` | 1.00 | 11% |",
+    ])  # fmt: skip
     convergence = {"steps": 1500, "final_val_loss": 1.87654, "data": "/somewhere/poems.txt"}
     assert case_module("convergence").result_rows({"convergence": convergence}) == [
         "| val loss after 1500 steps on poems.txt | 1.8765 | | | | ≤ 1.90 |"

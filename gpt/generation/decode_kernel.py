@@ -74,10 +74,20 @@ decoding pay), and int8/int4 codes cut the bytes streamed by 4 and 8. The attent
 cache, which grows with the context (and is G times smaller with grouped heads).
 
 One kernel, serial (no prange): a step is too little work to share between threads (waking one
-costs more than the token). A model without biases gets zero biases, which add nothing; all options
-are flags and arrays of fixed dimensions in `DecodeWeights` (a dense MLP is stored as one expert, and
-each matrix holds all three forms, two of them empty), so a model of any options and any weight
-form compiles one version of the kernel per float type.
+costs more than the token). A model without biases gets zero biases, which add nothing; a dense MLP
+is stored as one expert.
+
+What a model does not have is None in `DecodeWeights`: the position table of a rotary or ALiBi
+model, the rotary angles of the others, the router of a dense MLP, SwiGLU's second matrix of a GELU
+MLP, and the two forms a Matrix or a Table is not in. Each optional part is handed to a small
+kernel of its own as an argument (`add_position_row`, `rotate_with_rope`, `choose_experts`,
+`activate`, `add_product`, `table_row`), which begins with `if part is None`. Numba compiles a
+kernel for the types of its arguments, and when an argument's type is None it decides that test
+while compiling and drops the branch that is not taken. So the step of a model compiles only the
+code of that model's options: the default GPT's step leaves out the mixture of experts, rotary
+positions, SwiGLU and the int8 and int4 products, which would otherwise be most of what a first
+run (an empty compile cache) spends compiling the step. Each combination of options and weight
+forms compiles its own version of the kernel, once, and keeps it in the cache.
 """
 from typing import NamedTuple
 
@@ -99,7 +109,7 @@ CONTRACT = {"contract"}  # a multiply and the add after it become one fused inst
 
 class Matrix(NamedTuple):
     """S weight matrices W (K, N) of one kind (one per layer, or per layer and expert: slot = layer E + e),
-    used as x @ W, in the form `bits` says; the arrays of the other two forms are empty, (S, 0, 0).
+    used as x @ W, in the form `bits` says; the other two forms are None (and scale, for floats).
 
     bits 32: floats (S, K, N).
     bits 8:  int8 (S, K, N) codes q, scale (S, 1, N):  W[k, j] = scale[0, j] q[k, j].
@@ -107,23 +117,23 @@ class Matrix(NamedTuple):
              code + 8); scale (S, ceil(K/G), N):  W[k, j] = scale[k // G, j] q[k, j], G = group_size.
     """
 
-    floats: np.ndarray
-    int8: np.ndarray
-    int4: np.ndarray
-    scale: np.ndarray
+    floats: np.ndarray | None
+    int8: np.ndarray | None
+    int4: np.ndarray | None
+    scale: np.ndarray | None
     group_size: int
     bits: int
 
 
 class Table(NamedTuple):
-    """An embedding table (R, C) read a row at a time, in the form `bits` says (the others empty, (0, 0)):
+    """An embedding table (R, C) read a row at a time, in the form `bits` says (the others None):
     floats (R, C); int8 (R, C) codes with scale (R, 1); int4 (R, ceil(C/2)) bytes with scale
     (R, ceil(C/G)), a scale per group of G entries of a row, as gpt/model/electives/quantize.py stores them."""
 
-    floats: np.ndarray
-    int8: np.ndarray
-    int4: np.ndarray
-    scale: np.ndarray
+    floats: np.ndarray | None
+    int8: np.ndarray | None
+    int4: np.ndarray | None
+    scale: np.ndarray | None
     group_size: int
     bits: int
 
@@ -132,14 +142,14 @@ class DecodeWeights(NamedTuple):
     """A GPT's weights for `decode_step`: each kind of layer weight stacked over the layers, L of them.
 
     Shapes with C = n_embd, V = vocab, H and Hk the query and key/value heads, D = C / H,
-    T = block_size, E the experts (1 for a dense MLP), F an expert's hidden width. Arrays an option
-    leaves out are empty, so that the kernel sees the same types for every option.
+    T = block_size, E the experts (1 for a dense MLP), F an expert's hidden width. What the model
+    has not got is None, so that the kernel compiles none of its code (the module docstring says how).
     """
 
     wte: Table  # (V, C)
-    wpe: Table  # (T, C): the learned table, or the sinusoidal one; (0, C) floats with rope and ALiBi
-    rope_cos: np.ndarray  # (T, D/2), cos(t θ_i) with rope; (0, 0) otherwise
-    rope_sin: np.ndarray  # (T, D/2)
+    wpe: Table | None  # (T, C): the learned table, or the sinusoidal one; None with rope and ALiBi
+    rope_cos: np.ndarray | None  # (T, D/2), cos(t θ_i) with rope; None otherwise
+    rope_sin: np.ndarray | None  # (T, D/2)
     alibi_slopes: np.ndarray  # (H,), ALiBi's slope of each query head; zeros without ALiBi
     ln_1_weight: np.ndarray  # (L, C)
     ln_1_bias: np.ndarray  # (L, C), zeros with RMSNorm or without biases
@@ -149,12 +159,12 @@ class DecodeWeights(NamedTuple):
     attn_proj_bias: np.ndarray  # (L, C)
     ln_2_weight: np.ndarray  # (L, C)
     ln_2_bias: np.ndarray  # (L, C)
-    router: Matrix  # L of (C, E) for a mixture of experts; floats (L, C, 0) for a dense MLP
-    router_bias: np.ndarray  # (L, E): zeros (the router has no bias)
+    router: Matrix | None  # L of (C, E) for a mixture of experts; None for a dense MLP
+    router_bias: np.ndarray | None  # (L, E): zeros (the router has no bias); None for a dense MLP
     c_fc: Matrix  # L E of (C, F)
     c_fc_bias: np.ndarray  # (L, E, F)
-    c_up: Matrix  # L E of (C, F) for SwiGLU; floats (L E, C, 0) for GELU
-    c_up_bias: np.ndarray  # (L, E, F); (L, E, 0)
+    c_up: Matrix | None  # L E of (C, F) for SwiGLU; None for GELU
+    c_up_bias: np.ndarray | None  # (L, E, F); None for GELU
     mlp_proj: Matrix  # L E of (F, C)
     mlp_proj_bias: np.ndarray  # (L, E, C)
     ln_f_weight: np.ndarray  # (C,)
@@ -166,10 +176,6 @@ class DecodeWeights(NamedTuple):
     n_kv_head: int
     top_k: int  # experts per token (1 for a dense MLP)
     rmsnorm: bool  # else LayerNorm
-    swiglu: bool  # else GELU
-    rope: bool  # rotary positions: rotate q and k
-    position_table: bool  # learned or sinusoidal positions: add wpe[t] to the token's embedding
-    moe: bool  # a mixture of experts; else one dense MLP
 
 
 def decode_kernel_fits(config):
@@ -216,12 +222,11 @@ def matrix(weights, dtype):
     if any(form[0] != bits or form[3] != group_size for form in forms):
         raise InputError(f"decode_weights: a model's matrices must share one form, got bits {sorted({form[0] for form in forms})}")
     values = np.ascontiguousarray(np.stack([form[1] for form in forms]))  # (S, K or ceil(K/2), N)
-    S = len(forms)
     return Matrix(
-        floats=values if bits == FLOAT else np.zeros((S, 0, 0), dtype),
-        int8=values if bits == INT8 else np.zeros((S, 0, 0), np.int8),
-        int4=values if bits == INT4 else np.zeros((S, 0, 0), np.uint8),
-        scale=np.zeros((S, 0, 0), dtype) if bits == FLOAT else np.ascontiguousarray(np.stack([form[2] for form in forms])),
+        floats=values if bits == FLOAT else None,
+        int8=values if bits == INT8 else None,
+        int4=values if bits == INT4 else None,
+        scale=None if bits == FLOAT else np.ascontiguousarray(np.stack([form[2] for form in forms])),
         group_size=int(group_size),
         bits=bits,
     )
@@ -231,14 +236,13 @@ def table(weight, dtype):
     """A Table of an embedding's weight: a float array or Tensor (R, C), or a QuantizedMatrix of layout "out_in"."""
     if not isinstance(weight, QuantizedMatrix):
         floats = weight if isinstance(weight, np.ndarray) else weight.data
-        empty = np.zeros((0, 0), np.int8)
-        return Table(np.ascontiguousarray(floats), empty, empty.view(np.uint8), np.zeros((0, 0), dtype), 0, FLOAT)
+        return Table(np.ascontiguousarray(floats), None, None, None, 0, FLOAT)
     bits, values = weight.bits, np.ascontiguousarray(weight.values)
     scale = np.ascontiguousarray(weight.scale.reshape(values.shape[0], -1))  # (R, 1) or (R, groups)
     return Table(
-        floats=np.zeros((0, 0), dtype),
-        int8=values if bits == INT8 else np.zeros((0, 0), np.int8),
-        int4=values if bits == INT4 else np.zeros((0, 0), np.uint8),
+        floats=None,
+        int8=values if bits == INT8 else None,
+        int4=values if bits == INT4 else None,
         scale=scale,
         group_size=int(weight.group_size or weight.shape[0]),
         bits=bits,
@@ -277,10 +281,9 @@ def decode_weights(model):
         """The Matrix of get(expert) of every expert of every layer, slot layer E + e."""
         return matrix([get(expert).weight for block in blocks for expert in experts(block)], dtype)
 
-    rope_cos = rope_sin = np.zeros((0, 0), dtype)
-    wpe = table(np.zeros((0, C), dtype), dtype)
+    rope_cos = rope_sin = wpe = None
     if config.pos == "rope":
-        rope_cos, rope_sin = rope_angles(config.block_size, D, 0, dtype)  # the module's own angles, (T, D/2)
+        rope_cos, rope_sin = (np.ascontiguousarray(a) for a in rope_angles(config.block_size, D, 0, dtype))  # the module's own angles, (T, D/2)
     elif config.pos == "learned":
         wpe = table(parts.wpe.weight, dtype)
     elif config.pos == "sinusoidal":
@@ -297,21 +300,20 @@ def decode_weights(model):
         c_up = expert_matrix(lambda e: e.c_up)
         c_up_bias = per_expert(lambda e: bias(e.c_up, hidden))
     else:
-        c_up = matrix([np.zeros((C, 0), dtype)] * (L * E), dtype)
-        c_up_bias = np.zeros((L, E, 0), dtype)
+        c_up = c_up_bias = None
     if moe:
         router = matrix([b.mlp.router.weight for b in blocks], dtype)  # L of (C, E)
-        top_k = int(blocks[0].mlp.top_k)
+        router_bias, top_k = np.zeros((L, E), dtype), int(blocks[0].mlp.top_k)
     else:
-        router, top_k = matrix([np.zeros((C, 0), dtype)] * L, dtype), 1
+        router, router_bias, top_k = None, None, 1
     lm_head = parts.wte.weight if config.tie_weights else model.lm_head.weight
     if config.tie_weights and not isinstance(lm_head, QuantizedMatrix):
         lm_head = lm_head.data.T  # (C, V): the tied head is x @ wteᵀ
     return DecodeWeights(
         wte=table(parts.wte.weight, dtype),
         wpe=wpe,
-        rope_cos=np.ascontiguousarray(rope_cos),
-        rope_sin=np.ascontiguousarray(rope_sin),
+        rope_cos=rope_cos,
+        rope_sin=rope_sin,
         alibi_slopes=np.ascontiguousarray(alibi_slopes),
         ln_1_weight=stacked(lambda b: b.ln_1.weight.data),
         ln_1_bias=stacked(lambda b: bias(b.ln_1, C)),
@@ -322,7 +324,7 @@ def decode_weights(model):
         ln_2_weight=stacked(lambda b: b.ln_2.weight.data),
         ln_2_bias=stacked(lambda b: bias(b.ln_2, C)),
         router=router,
-        router_bias=np.zeros((L, E if moe else 0), dtype),
+        router_bias=router_bias,
         c_fc=expert_matrix(lambda e: e.c_fc),
         c_fc_bias=per_expert(lambda e: bias(e.c_fc, hidden)),
         c_up=c_up,
@@ -338,10 +340,6 @@ def decode_weights(model):
         n_kv_head=int(config.n_kv_head),
         top_k=top_k,
         rmsnorm=config.norm == "rmsnorm",
-        swiglu=swiglu,
-        rope=config.pos == "rope",
-        position_table=config.pos in ("learned", "sinusoidal"),
-        moe=moe,
     )
 
 
@@ -405,10 +403,10 @@ def checked(where, weights, tokens, position, more, keys, values):
                 f"{expected} with B = {tokens.shape[0]} tokens at each new position, and keys and values of one shape"
             )
     # rows of the position table; ALiBi has none, its bias depends on distances only
-    if weights.rope:
+    if weights.rope_cos is not None:
         table_rows = weights.rope_cos.shape[0]
-    elif weights.position_table:
-        table_rows = max(weights.wpe.floats.shape[0], weights.wpe.int8.shape[0], weights.wpe.int4.shape[0])  # the form it has
+    elif weights.wpe is not None:
+        table_rows = next(rows for rows in (weights.wpe.floats, weights.wpe.int8, weights.wpe.int4) if rows is not None).shape[0]  # the form it has
     else:
         table_rows = keys.shape[3]
     fed = tokens.shape[1] + more
@@ -496,8 +494,8 @@ def decode_step(tokens, position, w, keys, values, logits):
     probs = np.empty(position + n, dtype)  # one head's attention over the cache
     expert_rows = np.empty((n, C), dtype)  # the rows an expert takes, gathered
     hidden = np.empty((n, F), dtype)  # an expert's hidden activations
-    up = np.empty((n, F if w.swiglu else 0), dtype)  # SwiGLU's second projection
-    router_logits = np.empty((n, E if w.moe else 0), dtype)
+    up = np.empty((n, F), dtype)  # SwiGLU's second projection
+    router_logits = np.empty((n, E), dtype)
     expert_probs = np.empty(E, dtype)  # the router's softmax
     gates = np.zeros((n, E), dtype)  # each expert's weight in a row's MLP output (0: not chosen)
     chosen = np.zeros((n, E), np.bool_)  # which experts run for each row
@@ -505,10 +503,7 @@ def decode_step(tokens, position, w, keys, values, logits):
     for b in range(B):
         for r in range(n):
             table_row(w.wte, tokens[b, r], x[r])
-            if w.position_table:
-                table_row(w.wpe, position + r, position_row)
-                for c in range(C):
-                    x[r, c] += position_row[c]
+            add_position_row(w.wpe, position + r, position_row, x[r])
         for layer in range(L):
             # attention: x = x + c_proj(attend(q, cached keys and values))
             for r in range(n):
@@ -516,9 +511,7 @@ def decode_step(tokens, position, w, keys, values, logits):
             linear(normed, w.c_attn, layer, w.c_attn_bias[layer], qkv)
             for r in range(n):  # every new key and value is in the cache before any row attends
                 t = position + r
-                if w.rope:
-                    rotate_heads(qkv[r], 0, H, D, w.rope_cos[t], w.rope_sin[t])  # q
-                    rotate_heads(qkv[r], key_start, Hk, D, w.rope_cos[t], w.rope_sin[t])  # k
+                rotate_with_rope(qkv[r], H, Hk, D, w.rope_cos, w.rope_sin, t)
                 for g in range(Hk):
                     for d in range(D):
                         keys[layer, b, g, t, d] = qkv[r, key_start + g * D + d]
@@ -532,12 +525,7 @@ def decode_step(tokens, position, w, keys, values, logits):
             # MLP: x = x + sum over the chosen experts of gate * expert(norm(x))
             for r in range(n):
                 norm_row(x[r], w.ln_2_weight[layer], w.ln_2_bias[layer], w.eps, w.rmsnorm, normed[r])
-            if w.moe:
-                linear(normed, w.router, layer, w.router_bias[layer], router_logits)
-                for r in range(n):
-                    route(router_logits[r], w.top_k, expert_probs, chosen[r], gates[r])
-            else:
-                chosen[:, 0], gates[:, 0] = True, dtype.type(1)  # the dense MLP: one expert, gate 1
+            choose_experts(normed, w.router, w.router_bias, layer, w.top_k, router_logits, expert_probs, chosen, gates)
             delta[:] = 0
             for e in range(E):  # in expert order, as the module adds the experts' contributions
                 m = 0
@@ -547,15 +535,12 @@ def decode_step(tokens, position, w, keys, values, logits):
                         m += 1
                 if m == 0:
                     continue  # experts no row chose do no work
-                for i in range(m):
-                    expert_rows[i] = normed[taken[i]]
+                for i in range(m):  # element by element: copying whole rows would compile Numba's shape check and its message
+                    for c in range(C):
+                        expert_rows[i, c] = normed[taken[i], c]
                 slot = layer * E + e
                 linear(expert_rows[:m], w.c_fc, slot, w.c_fc_bias[layer, e], hidden[:m])
-                if w.swiglu:
-                    linear(expert_rows[:m], w.c_up, slot, w.c_up_bias[layer, e], up[:m])
-                    swiglu_in_place(hidden[:m], up[:m])
-                else:
-                    gelu_in_place(hidden[:m])
+                activate(expert_rows[:m], w.c_up, slot, w.c_up_bias, layer, e, hidden[:m], up[:m])
                 linear(hidden[:m], w.mlp_proj, slot, w.mlp_proj_bias[layer, e], answer[:m])
                 for i in range(m):
                     r = taken[i]
@@ -565,7 +550,8 @@ def decode_step(tokens, position, w, keys, values, logits):
             add_rows(delta, x)
         for r in range(n):
             norm_row(x[r], w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed[r])
-        linear(normed, w.lm_head, 0, w.lm_head_bias, logits[b])
+        head_slot = np.int64(0)  # a typed 0: a literal 0 would compile `linear` once more, for that constant
+        linear(normed, w.lm_head, head_slot, w.lm_head_bias, logits[b])
 
 
 @kernel(tag=FAST)
@@ -578,13 +564,16 @@ def greedy_steps(tokens, position, w, keys, values, chosen, logits):
     first = np.empty((B, n, V), logits.dtype)  # the logits of the n tokens
     decode_step(tokens, position, w, keys, values, first)
     last = np.empty((B, 1, V), logits.dtype)  # the logits the next token is chosen from
-    last[:, 0] = first[:, n - 1]
+    for b in range(B):  # element by element, as in decode_step: a row copy would compile a shape check
+        for v in range(V):
+            last[b, 0, v] = first[b, n - 1, v]
     token = np.empty((B, 1), np.int64)  # the token of the next step
     for s in range(steps):
         if s > 0:
             decode_step(token, position + n + s - 1, w, keys, values, last)
         for b in range(B):
-            logits[b, s] = last[b, 0]
+            for v in range(V):
+                logits[b, s, v] = last[b, 0, v]
             chosen[b, s] = np.argmax(last[b, 0])
             token[b, 0] = chosen[b, s]
 
@@ -601,19 +590,26 @@ def add_rows(delta, x):
 def linear(x, m, slot, bias, out):
     """out (n, N) = x (n, K) @ W + bias (N,), W the matrix `slot` of the Matrix m, in whichever form it has."""
     out[:] = 0
-    if m.bits == INT8:
-        rows_times_matrix(x, m.int8[slot], out)
-        scale = m.scale[slot, 0]  # (N,): one scale per column, taken out of its sums
-        for r in range(out.shape[0]):
-            for j in range(out.shape[1]):
-                out[r, j] *= scale[j]
-    elif m.bits == INT4:
-        rows_times_int4_matrix(x, m.int4[slot], m.scale[slot], m.group_size, out)
-    else:
-        rows_times_matrix(x, m.floats[slot], out)
+    add_product(x, m.floats, m.int8, m.int4, m.scale, m.group_size, slot, out)
     for r in range(out.shape[0]):
         for j in range(out.shape[1]):
             out[r, j] += bias[j]
+
+
+@kernel(tag=FAST)
+def add_product(x, floats, int8, int4, scale, group_size, slot, out):
+    """out (n, N) += x (n, K) @ W, W the matrix `slot` of a Matrix's one form; the two others are None,
+    and Numba, compiling for None, leaves their branches out."""
+    if floats is not None:
+        rows_times_matrix(x, floats[slot], out)
+    if int8 is not None:
+        rows_times_matrix(x, int8[slot], out)
+        column_scale = scale[slot, 0]  # (N,): one scale per column, taken out of its sums
+        for r in range(out.shape[0]):
+            for j in range(out.shape[1]):
+                out[r, j] *= column_scale[j]
+    if int4 is not None:
+        rows_times_int4_matrix(x, int4[slot], scale[slot], group_size, out)
 
 
 @kernel(fastmath=CONTRACT, tag=FAST)
@@ -688,19 +684,37 @@ def rows_times_int4_matrix(x, packed, scale, group_size, out):
 @kernel(tag=FAST)
 def table_row(t, row, out):
     """out (C,) = row `row` of the Table t, dequantized if it holds codes."""
+    form_row(t.floats, t.int8, t.int4, t.scale, t.group_size, row, out)
+
+
+@kernel(tag=FAST)
+def form_row(floats, int8, int4, scale, group_size, row, out):
+    """out (C,) = row `row` of a Table's one form; the two others are None, and Numba, compiling
+    for None, leaves their branches out."""
     C = out.shape[0]
     real = out.dtype.type
-    if t.bits == INT8:
-        s = t.scale[row, 0]
+    if floats is not None:
         for c in range(C):
-            out[c] = s * real(t.int8[row, c])
-    elif t.bits == INT4:
+            out[c] = floats[row, c]
+    if int8 is not None:
+        s = scale[row, 0]
         for c in range(C):
-            code = int((t.int4[row, c // 2] >> (4 * (c % 2))) & 15) - 8
-            out[c] = t.scale[row, c // t.group_size] * real(code)
-    else:
+            out[c] = s * real(int8[row, c])
+    if int4 is not None:
         for c in range(C):
-            out[c] = t.floats[row, c]
+            code = int((int4[row, c // 2] >> (4 * (c % 2))) & 15) - 8
+            out[c] = scale[row, c // group_size] * real(code)
+
+
+@kernel(tag=FAST)
+def add_position_row(wpe, t, scratch, x_row):
+    """x_row (C,) += row t of the position table wpe (a Table); nothing when the model has none
+    (wpe None: rotary positions, ALiBi), which Numba, compiling for None, makes an empty kernel."""
+    if wpe is None:
+        return
+    table_row(wpe, t, scratch)
+    for c in range(x_row.shape[0]):
+        x_row[c] += scratch[c]
 
 
 @kernel(fastmath=CONTRACT, tag=FAST)
@@ -746,6 +760,17 @@ def norm_row(x, weight, bias, eps, rmsnorm, out):
 
 
 @kernel(tag=FAST)
+def rotate_with_rope(qkv_row, H, Hk, D, rope_cos, rope_sin, t):
+    """Rotary positions: rotate the H query heads and the Hk key heads of one row of qkv (q, k, v
+    side by side) by position t's angles; nothing when the model has other positions (rope_cos
+    None, for which Numba compiles an empty kernel)."""
+    if rope_cos is None:
+        return
+    rotate_heads(qkv_row, 0, H, D, rope_cos[t], rope_sin[t])  # q
+    rotate_heads(qkv_row, H * D, Hk, D, rope_cos[t], rope_sin[t])  # k
+
+
+@kernel(tag=FAST)
 def rotate_heads(qkv, start, H, D, cos, sin):
     """Rotary positions: rotate each pair (2i, 2i+1) of every head of qkv[start : start + H D] by
     the angle whose cos and sin are cos[i], sin[i] (D/2,), in place."""
@@ -787,6 +812,19 @@ def attend(qkv, h, keys, values, position, scale, slope, probs, out):
 
 
 @kernel(tag=FAST)
+def choose_experts(normed, router, router_bias, layer, top_k, router_logits, probs, chosen, gates):
+    """Which experts each row of normed (n, C) goes to, and with what gate: chosen and gates (n, E).
+    A dense MLP (router None, for which Numba compiles this branch alone) is one expert, always
+    chosen, with gate 1; a mixture of experts routes each row by its router logits (`route`)."""
+    if router is None:
+        chosen[:, 0], gates[:, 0] = True, gates.dtype.type(1)
+        return
+    linear(normed, router, layer, router_bias[layer], router_logits)
+    for r in range(normed.shape[0]):
+        route(router_logits[r], top_k, probs, chosen[r], gates[r])
+
+
+@kernel(tag=FAST)
 def route(router_logits, top_k, probs, chosen, gates):
     """A mixture of experts' choice for one token from its router logits (E,) (a @ router_weight):
     probs (E,) = their softmax; chosen (E,) marks the top_k most probable experts; gates (E,) = each
@@ -824,6 +862,18 @@ def route(router_logits, top_k, probs, chosen, gates):
     for e in range(E):
         if chosen[e]:
             gates[e] = probs[e] / picked
+
+
+@kernel(tag=FAST)
+def activate(rows, c_up, slot, c_up_bias, layer, e, hidden, up):
+    """An expert's activation of hidden (m, F) = rows @ c_fc + b, in place: GELU, or SwiGLU's
+    silu(hidden) * (rows @ c_up + b) when the model has c_up (None for GELU, for which Numba
+    compiles the GELU branch alone). up (m, F) is scratch."""
+    if c_up is None:
+        gelu_in_place(hidden)
+        return
+    linear(rows, c_up, slot, c_up_bias[layer, e], up)
+    swiglu_in_place(hidden, up)
 
 
 @kernel(tag=FAST)

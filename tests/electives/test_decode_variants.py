@@ -8,6 +8,11 @@ The reference is the module path: the same generation under the fast kernel set 
 cache. Both must give the same greedy tokens exactly, and the same logits and cache arrays at every
 step to CROSS_SET_TOLERANCE (they differ only in the order of sums and in e^x and tanh from
 polynomials), through several rebuilds of the cache past block_size."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -188,7 +193,7 @@ def test_alibi_positions_are_limited_by_the_cache_only():
     model = perturbed(mt.float64, pos="alibi")
     weights = decode_weights(model)
     keys, values = model.new_cache_arrays(1)
-    assert weights.wpe.floats.shape == (0, 16) and not weights.position_table
+    assert weights.wpe is None and weights.rope_cos is None
     decode(weights, np.array([1]), BLOCK - 1, keys, values)
     with pytest.raises(InputError, match=rf"decode: position {BLOCK} is outside the cache of {BLOCK} positions"):
         decode(weights, np.array([1]), BLOCK, keys, values)
@@ -243,3 +248,25 @@ def test_greedy_steps_in_one_call_equal_feeding_the_argmax_in_turn(options):
             step_logits = decode(weights, token, 3 + step, expected_keys, expected_values)
     assert_close("the keys", keys[:, :, :, :8], expected_keys[:, :, :, :8], 1e-12)
     assert_close("the values", values[:, :, :, :8], expected_values[:, :, :, :8], 1e-12)
+
+
+@pytest.mark.slow
+def test_a_model_compiles_only_the_code_of_its_own_options(tmp_path):
+    """What a model has not got is None in DecodeWeights, so Numba leaves its branches out of the
+    kernel (the module docstring): with an empty compile cache, a token of the default GPT compiles
+    neither the router, rotary positions, SwiGLU, the int4 product nor an int8 one."""
+    script = (
+        "import numpy as np\n"
+        "from gpt.model.transformer import GPT, GPTConfig\n"
+        "from gpt.generation import decode_kernel as k\n"
+        "model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))\n"
+        "keys, values = model.new_cache_arrays(1)\n"
+        "k.decode(k.decode_weights(model), np.array([1]), 0, keys, values)\n"
+        "print(sorted(name for name in ('route', 'rotate_heads', 'swiglu_in_place', 'rows_times_int4_matrix') if k.__dict__[name].overloads),\n"
+        "      len(k.rows_times_matrix.overloads))\n"
+    )  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[] 1"  # one product compiled: floats times floats
