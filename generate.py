@@ -42,7 +42,7 @@ from gpt.text.data import CharTokenizer, DataError
 from gpt.model.electives.quantize import quantize_model, weight_bytes
 from gpt.generation.sampling import log_softmax
 from gpt.generation.electives.speculative import SpeculativeStats, speculative_tokens
-from gpt.generation.electives.self_speculative import SelfSpeculativeStats, self_speculative_tokens
+from gpt.generation.electives.self_speculative import self_speculative_tokens
 from programs import cli
 from programs.cli import FlagError, Interrupted, console, signals_handled_by
 
@@ -231,7 +231,7 @@ def generate_samples(args):
             "self_speculative", f"with the model of {args.out_dir} (mtp {model.config.mtp})",
             "a model trained with --mtp 2 or more: its extra heads are the draft",
         )  # fmt: skip
-    stats = SelfSpeculativeStats() if args.self_speculative else SpeculativeStats()
+    stats = SpeculativeStats()  # also self-speculative decoding's: its drafts come from the extra heads
     generated, seconds = 0, 0.0
     for sample in range(args.num_samples):
         console.rule(f"sample {sample + 1}")

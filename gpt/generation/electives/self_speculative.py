@@ -29,7 +29,6 @@ gives it. The forward goes through the modules (`GPT.trunk` with the KV cache), 
 fast set's one-token decode kernel, which returns logits only: a kernel path would have to return
 the last layer's hidden state (before ln_f) beside the logits and run the extra heads' MLPs on it.
 """
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,31 +36,10 @@ import microtensor as mt
 from microtensor import InputError, InputTypeError
 
 from gpt.generation.decoder import SINGLE_THREAD_TOKENS, Decoder, check_generation_options, check_one_sequence
-from gpt.generation.electives.speculative import accept_or_resample, draw
+from gpt.generation.electives.speculative import SpeculativeStats, accept_or_resample, draw
 from gpt.generation.sampling import token_distribution
 from gpt.model.electives.mtp import head_logits
 from gpt.model.transformer import GPT
-
-
-@dataclass
-class SelfSpeculativeStats:
-    """What a self-speculative generation did: rounds (one trunk forward each), drafts proposed
-    and accepted, and the tokens produced."""
-
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    generated: int = 0
-
-    @property
-    def acceptance_rate(self):
-        """accepted / proposed (nan before any proposal)."""
-        return self.accepted / self.proposed if self.proposed else float("nan")
-
-    @property
-    def tokens_per_round(self):
-        """New tokens per trunk forward: 1 for plain decoding, up to n here."""
-        return self.generated / self.rounds if self.rounds else float("nan")
 
 
 class HiddenStateDecoder(Decoder):
@@ -94,7 +72,7 @@ class SelfSpeculativeDecoder:
         self.rng = np.random.default_rng(seed)
         self.cache = HiddenStateDecoder(model, 1, prompt.shape[1], use_kv_cache=True)
         self.drafts, self.q = [], np.zeros((0, model.config.vocab_size))  # from the heads at the last fed position
-        self.stats = SelfSpeculativeStats()
+        self.stats = SpeculativeStats()
 
     def drafts_allowed(self, limit):
         """How many drafts this round may check: those the heads gave, fewer than `limit` (the tokens
@@ -151,7 +129,7 @@ def _check(where, model, prompt_ids, max_new_tokens, temperature, top_k, top_p, 
 
 
 def self_speculative_tokens(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, stats=None):
-    """Yield the new token ids one at a time (as ints); `stats`, a SelfSpeculativeStats, is updated
+    """Yield the new token ids one at a time (as ints); `stats`, a SpeculativeStats (a round is one trunk forward; the drafts are the extra heads'), is updated
     as the rounds run. Arguments as `self_speculative_generate`."""
     prompt = _check("self_speculative_tokens", model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed)
     return _tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stats)
@@ -172,12 +150,12 @@ def _tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stat
 def self_speculative_generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None):
     """max_new_tokens tokens after prompt_ids, distributed as the model's own sampling (greedy at
     temperature 0: its greedy tokens), drafted by its extra heads. Returns (new tokens
-    (max_new_tokens,) int64, SelfSpeculativeStats).
+    (max_new_tokens,) int64, SpeculativeStats).
 
     model: a GPT with mtp >= 2; prompt_ids: (T,) or (1, T) token ids; temperature, top_k, top_p,
     seed as GPT.generate (the drafts' distributions q_k take the same temperature, top_k and top_p).
     """
     prompt = _check("self_speculative_generate", model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed)
-    stats = SelfSpeculativeStats()
+    stats = SpeculativeStats()
     tokens = list(_tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stats))
     return np.array(tokens, dtype=np.int64), stats
