@@ -30,14 +30,14 @@ def measure(args, machine):
     repeat = args.repeat or 3
     with tempfile.TemporaryDirectory() as folder:
         seconds_import = import_time(max(repeat, 5))
-        cold, warm, cold_cpu, compiled = start_up(repeat, folder)
+        runs = start_up(repeat, folder)
         peak_cold, peak_warm = peak_memory(folder, args.memory_iters)
     results = {
         "import_microtensor_s": seconds_import,
-        "train_max_iters_1_cold_s": cold,
-        "train_max_iters_1_cold_cpu_s": cold_cpu,
-        "cold_compiled": compiled,
-        "train_max_iters_1_warm_s": warm,
+        "train_max_iters_1_cold_s": runs["cold_s"],
+        "train_max_iters_1_cold_cpu_s": runs["cold_cpu_s"],
+        "cold_compiled": runs["compiled"],
+        "train_max_iters_1_warm_s": runs["warm_s"],
         "peak_rss_training_mib": peak_warm,
         "peak_rss_training_cold_mib": peak_cold,
         "peak_rss_iters": args.memory_iters,
@@ -88,7 +88,8 @@ def train_command(out_dir, data, iters):
 
 def start_up(repeat, folder):
     """Medians of the cold runs' wall and CPU seconds and of the warm runs' wall seconds, and what
-    the cold run of median wall time compiled ({"compilations", "kernels": {name: seconds}})."""
+    the cold run of median wall time compiled ({"compilations", "kernels": {name: seconds}}), by
+    name: {"cold_s", "cold_cpu_s", "warm_s", "compiled"}."""
     data = corpus_path(folder)
     cold, warm = [], []  # cold: (wall, cpu, compiled) per run
     for i in range(repeat):
@@ -100,7 +101,12 @@ def start_up(repeat, folder):
         cold.append((wall, compiled.pop("cpu_s"), compiled))
         warm.append(run(command, env))
     median_run = sorted(cold, key=lambda run: run[0])[len(cold) // 2]
-    return statistics.median(r[0] for r in cold), statistics.median(r[1] for r in cold), statistics.median(warm), median_run[2]
+    return {
+        "cold_s": statistics.median(r[0] for r in cold),
+        "cold_cpu_s": statistics.median(r[1] for r in cold),
+        "warm_s": statistics.median(warm),
+        "compiled": median_run[2],
+    }
 
 
 def peak_memory(folder, iters):
