@@ -173,6 +173,7 @@ def test_a_tiny_sweep_runs_end_to_end(corpus, tmp_path):  # noqa: F811 (corpus i
         (["--compute", "1e5"], "--compute"),  # below 6 N × one batch for 2x32
         (["--compute", "nan"], "--compute"),
         (["--sizes", "1x97"], "--sizes"),  # 97 channels do not divide among its 97 // 32 = 3 heads
+        (["--reference-steps", "-1"], "--reference-steps"),
     ],
 )
 def test_bad_flags_are_errors_naming_the_flag(corpus, tmp_path, flags, named):  # noqa: F811

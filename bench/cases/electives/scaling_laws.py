@@ -67,6 +67,7 @@ def options(p):
     p.add_argument("--val-tokens", type=int, default=32_768, help="held-out tokens every model is scored on")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the constants' uncertainty")
     p.add_argument("--seed", type=int, default=1337, help="seed of the runs and of the bootstrap")
+    p.add_argument("--reference-steps", type=int, default=12, help="steps of the default recipe timed before and after the sweep, to tell the load (0: none)")
     p.add_argument("--figures", default=str(FIGURES), help="folder for the two SVG figures")
     p.add_argument("--page", default=str(PAGE), help="the docs page whose results part is regenerated (a missing file gets that part alone)")
 
@@ -119,6 +120,8 @@ def check_args(args):
     for name in ("block_size", "batch_size", "val_tokens"):
         if getattr(args, name) < 1:
             raise FlagError(name, getattr(args, name), "an integer >= 1")
+    if getattr(args, "reference_steps", 0) < 0:
+        raise FlagError("reference_steps", args.reference_steps, "an integer >= 0 (0: no reference step)")
     for name, shapes in (("sizes", sizes), ("isoflop_sizes", isoflop_sizes)):
         for n_layer, n_embd in shapes:
             if n_embd % n_head_for(n_embd):
@@ -368,7 +371,8 @@ def sweep(args, machine=None, reference=True):
     for size in isoflop_sizes:
         n = non_embedding_parameters(model_config(*size, 1, args.block_size))
         plan.append(("isoflop", size, max(1, round(args.compute / (6 * n) / batch_tokens))))
-    reference_before = reference_step_seconds(args) if reference else None
+    reference = reference and args.reference_steps > 0
+    reference_before = reference_step_seconds(args, args.reference_steps) if reference else None
     runs, windows, loads = [], None, [os.getloadavg()[0]]
     quiet = cli.console.quiet
     cli.console.quiet = True  # a dozen progress bars and results tables would bury the sweep's lines
@@ -394,7 +398,7 @@ def sweep(args, machine=None, reference=True):
                 )  # fmt: skip
     finally:
         cli.console.quiet = quiet
-    reference_after = reference_step_seconds(args) if reference else None
+    reference_after = reference_step_seconds(args, args.reference_steps) if reference else None
     n, d, loss = (np.array([run[key] for run in runs], dtype=np.float64) for key in ("non_embedding", "tokens", "val_loss"))
     fitted = fit_law(n, d, loss, bootstrap=args.bootstrap, seed=args.seed)
     iso = [run for run in runs if run["sweep"] == "isoflop"]
