@@ -220,6 +220,37 @@ def trained_checkpoint(folder, data, iters, flags=(), retrain=False):
     return folder
 
 
+def graph_bytes(loss, parameters, unpack=None):
+    """Bytes of the distinct arrays the graph of `loss` holds (every tensor reachable from it and
+    every array its ops saved for backward), the parameters' excepted: a step's activations,
+    measured. Views count once, as their base array. unpack(saved) gives the array behind a saved
+    value that is not one (16-bit training stores some packed)."""
+    import numpy as np
+
+    import microtensor as mt
+
+    def base(array):
+        while isinstance(array.base, np.ndarray):
+            array = array.base
+        return array
+
+    kept, seen, stack = {}, set(), [loss]
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        kept[id(base(tensor.data))] = base(tensor.data)
+        if tensor.grad_fn is not None:
+            for saved in tensor.grad_fn.saved_tensors:
+                saved = saved if unpack is None else unpack(saved)
+                if isinstance(saved, np.ndarray):
+                    kept[id(base(saved))] = base(saved)
+            stack.extend(x for x in tensor.grad_fn.inputs if isinstance(x, mt.Tensor))
+    weights = {id(base(p.data)) for p in parameters}
+    return sum(array.nbytes for key, array in kept.items() if key not in weights)
+
+
 def trained_model(folder):
     """(model in eval mode, tokenizer, meta) of the checkpoint in `folder`."""
     from gpt.checkpoints import checkpoint

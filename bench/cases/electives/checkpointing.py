@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import HERE, alternate, conditions_line
+from harness import HERE, alternate, conditions_line, graph_bytes
 
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, dropout=0.0)
 VOCAB = 65  # tinyshakespeare's characters
@@ -58,31 +58,6 @@ def forward_backward(model, idx, targets):
     for p in model.parameters():
         p.grad = None
     return loss
-
-
-def graph_bytes(loss, parameters):
-    """Bytes of the distinct arrays the graph of `loss` holds, the parameters' excepted."""
-    import numpy as np
-
-    import microtensor as mt
-
-    def base(array):
-        while isinstance(array.base, np.ndarray):
-            array = array.base
-        return array
-
-    kept, seen, stack = {}, set(), [loss]
-    while stack:
-        tensor = stack.pop()
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        kept[id(base(tensor.data))] = base(tensor.data)
-        if tensor.grad_fn is not None:
-            kept.update((id(base(a)), base(a)) for a in tensor.grad_fn.saved_tensors if isinstance(a, np.ndarray))
-            stack.extend(x for x in tensor.grad_fn.inputs if isinstance(x, mt.Tensor))
-    weights = {id(base(p.data)) for p in parameters}
-    return sum(array.nbytes for key, array in kept.items() if key not in weights)
 
 
 # --------------------------------------------------------------------------------- peak memory, in a child process

@@ -26,7 +26,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-from harness import TINYSHAKESPEARE, alternate, conditions_line
+from harness import TINYSHAKESPEARE, alternate, conditions_line, graph_bytes
 
 import microtensor as mt
 import train
@@ -65,31 +65,6 @@ def train_run(data, dtype, iters, folder):
     return train.train(train.build_parser().parse_args(argv))
 
 
-def graph_bytes(loss, parameters):
-    """Bytes of the distinct arrays the graph of `loss` holds (16-bit packed ones at their size), the parameters' excepted."""
-
-    def base(array):
-        while isinstance(array.base, np.ndarray):
-            array = array.base
-        return array
-
-    kept, seen, stack = {}, set(), [loss]
-    while stack:
-        tensor = stack.pop()
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        kept[id(base(tensor.data))] = base(tensor.data)
-        if tensor._ctx is not None:
-            for a in tensor._ctx.saved_tensors:
-                a = a.bits if isinstance(a, mp.Packed) else a
-                if isinstance(a, np.ndarray):
-                    kept[id(base(a))] = base(a)
-            stack.extend(x for x in tensor._ctx.inputs if isinstance(x, mt.Tensor))
-    weights = {id(base(p.data)) for p in parameters}
-    return sum(array.nbytes for key, array in kept.items() if key not in weights)
-
-
 def step_parts(dtype, seed=0):
     """(one training step, its model, the batch) of the default recipe in `dtype`."""
     from gpt.model.transformer import GPT, GPTConfig
@@ -119,7 +94,7 @@ def step_parts(dtype, seed=0):
     def memory():
         with block():
             _, loss = model(idx, targets)
-            saved, kept = mp.saved_bytes(loss), graph_bytes(loss, model.parameters())
+            saved, kept = mp.saved_bytes(loss), graph_bytes(loss, model.parameters(), unpack=lambda a: a.bits if isinstance(a, mp.Packed) else a)
             del loss
         optimizer.zero_grad()
         tracemalloc.start()
