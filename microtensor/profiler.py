@@ -24,7 +24,7 @@ For each (op, phase) the report gives:
 And for the whole block: its wall time; "everything else", the wall time spent in no op (the
 backward walk's own work, Python between ops, an optimizer that runs no Function); the FLOPs of all
 ops and the model FLOPs utilization (MFU): FLOPs / wall time / the GEMM peak, the FLOP/s numpy's
-matrix product reaches on this machine (measure_gemm_peak, measured once per process at a square
+matrix product reaches on the computer it runs on (measure_gemm_peak, measured once per process at a square
 shape); and the peak memory, two ways: `peak_bytes` counts the arrays the ops made (outputs and
 gradients, from when each is made until it is freed: an array's memory is known exactly, and
 counting it costs a dict entry per array instead of tracemalloc's hook on every allocation), and
