@@ -73,9 +73,12 @@ class Decoder:
         self.use_kv_cache = use_kv_cache
         self.kernel = self.kernel_weights = None  # the one-token kernel and its copy of the weights, if it runs
         if use_kv_cache:
-            self.keys, self.values = model.new_cache_arrays(batch)  # (n_layer, B, Hk, block_size, D) each
-            self.caches = model.new_caches(batch, (self.keys, self.values))
-            if mt.get_kernels() == "fast":
+            # (n_layer, B, Hk, block_size, D) each; None for a model whose blocks keep other state
+            # (each layer's cache then holds its own, and the one-token kernel, which reads these two, does not run)
+            arrays = model.new_cache_arrays(batch)
+            self.keys, self.values = (None, None) if arrays is None else arrays
+            self.caches = model.new_caches(batch, arrays)
+            if arrays is not None and mt.get_kernels() == "fast":
                 # imported here: the kernel is the fast set's, and the readable set never imports it
                 from gpt.generation import decode_kernel
 
@@ -177,7 +180,9 @@ class Decoder:
     def reorder(self, rows):
         """Row r of the cache becomes what row rows[r] was (rows (B',) ints; B' may differ from B)."""
         rows = np.asarray(rows, dtype=np.int64)
-        if self.use_kv_cache:
+        if self.use_kv_cache and self.keys is None:
+            self.caches = [cache.reordered(rows) for cache in self.caches]  # each layer's own state, gathered
+        elif self.use_kv_cache:
             if rows.shape[0] == self.batch:
                 held = slice(0, self.fed)  # only the positions the cache holds need moving
                 # the right side is gathered into a new array first, so rows may overlap freely

@@ -537,7 +537,11 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------ generation
 
     def new_cache_arrays(self, batch):
-        """Zeroed keys and values of every layer: two arrays (n_layer, B, Hk, block_size, D), Hk = n_kv_head."""
+        """Zeroed keys and values of every layer: two arrays (n_layer, B, Hk, block_size, D), Hk = n_kv_head.
+        A model whose blocks keep other state for generation returns None here, and its `new_caches`
+        gives each layer a cache of its own kind: an object with `length` (the positions it holds,
+        which the Decoder lowers to forget positions) and `reordered(rows)` (a cache whose row r is
+        row rows[r] of this one)."""
         if not is_integer(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
