@@ -30,8 +30,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,9 +142,36 @@ def run_pages(pages, results_file):
         Path(results_file).write_text(json.dumps(results))
 
 
-def run(command, stdin=None, env=None):
-    return subprocess.run(command, check=False, input=stdin, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, timeout=TIMEOUT)
+def run(command, stdin=None, env=None, cwd=ROOT, timeout=TIMEOUT):
+    """subprocess.run's result for `command`, which runs in a process group of its own: at the
+    timeout the whole group is killed, so that a docs block's program started by bash does not go
+    on running after the bash that started it (subprocess.run would kill only bash)."""
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def test_a_timeout_kills_what_the_command_started(tmp_path):
+    """A docs block that runs past the timeout must not leave its programs running (they would slow
+    every test after it): `run` kills bash's children with it."""
+    pid_file = tmp_path / "pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], timeout=1)
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the orphan is reaped by init a moment after it dies
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the command's child process outlived the timeout")
 
 
 PAGES = links.pages()
@@ -362,8 +391,7 @@ def test_docs_commands_run_after_the_readme_in_a_fresh_clone(tmp_path):
 
     for where, code in commands:
         code = with_data(code, corpus)
-        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], check=False, input=PDB_INPUT, capture_output=True,
-                                text=True, cwd=clone, env=env, timeout=3600)
+        result = run(["bash", "-e", "-o", "pipefail", "-c", code], stdin=PDB_INPUT, env=env, cwd=clone, timeout=3600)
         output = result.stdout + result.stderr
         failed_under_pdb = "Uncaught exception" in output or re.search(r"Exit status: (?!0\b|None\b)", output)
         assert result.returncode == 0 and not failed_under_pdb, (
