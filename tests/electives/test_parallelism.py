@@ -357,3 +357,10 @@ def test_bad_input_is_named(call, words):
         call()
     assert words in str(error.value)
     assert isinstance(error.value, (InputError, InputTypeError))
+# ================================================================================ the docs page
+
+
+def test_the_docs_page_shows_the_functions_tables():
+    page = (ROOT / "docs" / "electives" / "parallelism.md").read_text(encoding="utf-8")
+    assert P.bubble_markdown() in page
+    assert P.zero_markdown() in page
