@@ -458,7 +458,10 @@ def check_tensor_parallel_config(config, ranks):
     if config.dropout != 0:
         raise InputError(f"{where}: dropout must be 0, got {config.dropout}: each rank would draw its own masks")
     if config.mtp != 1 or config.checkpoint_activations:
-        raise InputError(f"{where}: mtp and checkpoint_activations are not split here; expected mtp 1 and no checkpointing")
+        raise InputError(
+            f"{where}: mtp {config.mtp} and checkpoint_activations {config.checkpoint_activations} are not split here; "
+            "expected mtp 1 and checkpoint_activations False"
+        )
     return ranks
 
 
@@ -480,6 +483,7 @@ class TensorParallelGPT(nn.Module):
         self.zero_grad()  # the copies start without the unsplit model's gradients
 
     def forward(self, idx, targets=None):
+        idx = idx if isinstance(idx, mt.Tensor) else mt.tensor(np.asarray(idx))
         T = idx.shape[1]
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
@@ -609,7 +613,8 @@ def pipeline_step(model, idx, targets, stages, micro_batches, trace=None):
     if p > config.n_layer:
         raise InputError(f"{where}: stages ({p}) must be at most n_layer ({config.n_layer}): each stage holds at least one block")
     if config.dropout != 0 or config.mtp != 1 or config.mlp == "moe" or config.checkpoint_activations:
-        raise InputError(f"{where}: the model must have dropout 0, mtp 1, no experts and no checkpointing (got {config})")
+        given = f"dropout {config.dropout}, mtp {config.mtp}, mlp {config.mlp!r}, checkpoint_activations {config.checkpoint_activations}"
+        raise InputError(f"{where}: the stages run the blocks as they are; got {given}, expected dropout 0, mtp 1, no experts and no checkpointing")
     idx, targets = np.asarray(idx), np.asarray(targets)
     check_divides(where, "micro_batches", m, idx.shape[0], "the batch size")
     rows = idx.shape[0] // m
