@@ -346,7 +346,8 @@ class RowParallelLinear(nn.Module):
 
 class TensorParallelMLP(nn.Module):
     """Megatron's pairing for a GELU MLP: c_fc column-parallel without the gather (rank r holds
-    hidden units r), GELU on each rank's own units (elementwise: no message), c_proj row-parallel,
+    hidden units r), GELU on each rank's own units (elementwise: no message; SwiGLU's c_up is split
+    like c_fc, and its product too is elementwise), c_proj row-parallel,
     whose rows are the same hidden units. One all-reduce per forward; in backward, one more
     (the broadcast's sum into x̄). forward(x) -> the output (..., C), rank 0's copy."""
 
