@@ -1,14 +1,22 @@
-"""Continue training a microtensor GPT in PyTorch, on one or several processes or machines (DDP).
+"""Continue training a microtensor GPT in PyTorch, on one or several processes or machines (DDP or FSDP).
 
     python -m gpt.checkpoints.convert out/ model.safetensors                     # in microtensor: export
     torchrun --standalone --nproc_per_node 2 examples/train_torch_ddp.py model.safetensors \\
         --data input.txt --steps 200 --out trained.safetensors           # 2 processes, one computer
+    torchrun --standalone --nproc_per_node 2 examples/train_torch_ddp.py model.safetensors --fsdp \\
+        --data input.txt --steps 200 --out trained.safetensors           # the same, sharded (ZeRO-3)
     python -m gpt.checkpoints.convert trained.safetensors out2/                  # back into microtensor
 
 On several machines, run the same command on each with --nnodes, --node_rank and the address of the
 first (docs/pytorch.md shows it). Every process holds the whole model, draws its own batches, and
 DistributedDataParallel averages the gradients over all of them in backward, so each step learns from
 batch_size × world_size sequences and every copy of the model takes the same step.
+
+With --fsdp, FullyShardedDataParallel (ZeRO stage 3) replaces DDP: each process keeps 1/world_size of
+every weight, of its gradient and of AdamW's moments; a block's weights are all-gathered just before
+its forward and its backward and freed after, and the gradients are reduce-scattered, each process
+receiving the average of its own slice (docs/electives/parallelism.md derives why). The steps are
+the same as DDP's; the memory per process is what shrinks.
 
 This file needs only torch and numpy (and safetensors for .safetensors files): copy it, with the
 export and the text, to machines where microtensor is not installed. The model below mirrors
@@ -149,11 +157,13 @@ def load_model(path):
     return model, metadata
 
 
-def save_model(model, metadata, path):
+def save_model(model, metadata, path, state=None):
     """Write the model in the layout it was read in: the same metadata, a tied tensor stored once;
-    `python -m gpt.checkpoints.convert path out/` imports it. Written to a temporary file first, then renamed."""
+    `python -m gpt.checkpoints.convert path out/` imports it. Written to a temporary file first, then renamed.
+    state: the full state dict to write instead of model.state_dict() (FSDP's, gathered from every process)."""
     tied = json.loads(metadata["tied_weights"])
-    state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items() if name not in tied}
+    state = model.state_dict() if state is None else state
+    state = {name: t.detach().cpu().contiguous() for name, t in state.items() if name not in tied}
     tmp = f"{path}.tmp{os.path.splitext(str(path))[1]}"
     if str(path).endswith(".safetensors"):
         from safetensors.torch import save_file
@@ -190,6 +200,7 @@ def build_parser():
     p.add_argument("--log-interval", type=int, default=10, help="print the loss, averaged over processes, every this many steps")
     p.add_argument("--seed", type=int, default=1337, help="process r draws its batches from seed + r")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    p.add_argument("--fsdp", action="store_true", help="shard weights, gradients and AdamW's moments over the processes (FSDP, ZeRO-3) instead of DDP")
     return p
 
 
@@ -224,7 +235,19 @@ def main(argv=None):
 
     # DDP broadcasts rank 0's weights at construction (they are equal anyway: all read one file) and
     # all-reduces (averages) the gradients during backward, bucket by bucket as they are ready.
-    trained = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None) if distributed else model
+    # FSDP (fully_shard) instead cuts every weight into world_size slices along its first dim, one per
+    # process: each block is a unit whose weights are gathered for its forward and backward only, and
+    # the root unit holds the rest (the embeddings, tied to the output layer, and ln_f).
+    sharded = distributed and args.fsdp
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+        trained = model
+    else:
+        trained = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None) if distributed else model
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings, as microtensor's weight_decay_groups
     no_decay = [p for p in model.parameters() if p.dim() < 2]  # norm weights and biases
     optimizer = torch.optim.AdamW(
@@ -234,14 +257,15 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed + rank)  # each process its own batches
     start_iteration = int(metadata.get("iteration", "0"))
     if rank == 0:
-        print(f"{world_size} process(es), {sum(p.numel() for p in model.parameters()):,} parameters, from step {start_iteration}")
+        # under FSDP, p.numel() is the whole weight's count (a DTensor), not this process's slice
+        print(f"{world_size} process(es){', FSDP' if sharded else ''}, {sum(p.numel() for p in model.parameters()):,} parameters, from step {start_iteration}")
     started = time.perf_counter()
     model.train()
     for step in range(1, args.steps + 1):
         x, y = get_batch(ids, block_size, args.batch_size, rng)
         _, loss = trained(x.to(device), y.to(device))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # under DDP, every process now holds the average gradient
+        loss.backward()  # under DDP, every process now holds the average gradient; under FSDP, its slice of it
         if args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
@@ -252,10 +276,15 @@ def main(argv=None):
                 mean_loss /= world_size
             if rank == 0:
                 print(f"step {start_iteration + step}: loss {mean_loss.item():.4f}  ({time.perf_counter() - started:.1f} s)", flush=True)
+    state = None
+    if sharded:  # every process takes part in gathering the slices; process 0 receives the whole weights
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         # tensor_sha256 describes the weights that were read, which training changed: it goes
         metadata = {**{k: v for k, v in metadata.items() if k != "tensor_sha256"}, "iteration": str(start_iteration + args.steps)}
-        save_model(model, metadata, args.out)
+        save_model(model, metadata, args.out, state)
         print(f"wrote {args.out}: import it with python -m gpt.checkpoints.convert {args.out} <folder>")
     if distributed:
         dist.barrier()  # rank 0 has written the file: every process leaves at the same point

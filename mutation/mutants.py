@@ -1028,4 +1028,19 @@ MUTANTS = [
         'tests/electives/test_scaling_laws.py -k "fit_is_exact or recovers_known"',
         why="dL/dalpha without its minus sign: the fit's steps in alpha go the wrong way and it stops away from the law's constants",
     ),
+    # ----------------------------------------------------------------------------- parallelism
+    Mutant(
+        "parallelism.all_gather_backward_splits", "gpt/model/electives/parallelism.py",
+        "return tuple(reduce_scatter_arrays(list(grad_out)))  # x̄_i = Σ_r ȳ_r[slice i]",
+        "return tuple(reduce_scatter_arrays([grad_out[0]] * len(grad_out)))",
+        'tests/electives/test_parallelism.py -k "collectives_gradcheck or adjoint"',
+        why="all-gather's backward keeps rank 0's gradient k times instead of summing every rank's: a shard's gradient misses what the other copies contributed",
+    ),
+    Mutant(
+        "parallelism.micro_batch_loss_unscaled", "gpt/model/electives/parallelism.py",
+        "mt.tensor(targets[j * rows : (j + 1) * rows])) * (1.0 / m)",
+        "mt.tensor(targets[j * rows : (j + 1) * rows]))",
+        'tests/electives/test_parallelism.py -k "pipelined_step"',
+        why="each micro-batch's mean loss is not divided by m: the accumulated gradients are m times the batch's",
+    ),
 ]

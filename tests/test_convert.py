@@ -427,7 +427,9 @@ def free_port():
 
 
 @pytest.mark.slow
-def test_the_ddp_example_trains_on_two_processes_and_imports_back(torch, tmp_path, corpus):
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_the_ddp_example_trains_on_two_processes_and_imports_back(torch, tmp_path, corpus, wrapper):
+    """DDP (every process holds the whole model) and, with --fsdp, FSDP (each holds a slice: ZeRO-3)."""
     model = random_model("float32", pos="rope", mlp="swiglu")
     export = convert.export_checkpoint(save_checkpoint(tmp_path / "out", model), tmp_path / "model.npz")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
@@ -438,10 +440,11 @@ def test_the_ddp_example_trains_on_two_processes_and_imports_back(torch, tmp_pat
         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
         str(ROOT / "examples" / "train_torch_ddp.py"), str(export), "--data", str(corpus), "--out", str(tmp_path / "trained.npz"),
         "--steps", "8", "--batch-size", "4", "--learning-rate", "1e-2", "--log-interval", "4",
+        *(["--fsdp"] if wrapper == "fsdp" else []),
     ]  # fmt: skip
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "2 process(es)" in run.stdout, run.stdout
+    assert ("2 process(es), FSDP" if wrapper == "fsdp" else "2 process(es), ") in run.stdout, run.stdout
     losses = [float(line.split("loss ")[1].split()[0]) for line in run.stdout.splitlines() if line.startswith("step ")]
     assert len(losses) == 3 and losses[-1] < losses[0], run.stdout  # steps 1, 4 and 8, averaged over both processes
     convert.import_checkpoint(tmp_path / "trained.npz", tmp_path / "back")

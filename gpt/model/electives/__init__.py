@@ -1,1 +1,2 @@
-"""Techniques that change the model: a mixture of experts, LoRA adapters, quantized weights."""
+"""Techniques that change the model: a mixture of experts, LoRA adapters, quantized weights, and
+the model split over simulated ranks (parallelism.py)."""
