@@ -94,7 +94,8 @@ class GPTConfig:
     )  # fmt: skip
     attention: str = option(
         "standard", "attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's "
-        "tiles) keeps one number per row (docs/electives/online-attention.md)", choices=("standard", "online"),
+        "tiles) keeps one number per row (docs/electives/online-attention.md); latent caches one small vector per "
+        "token, from which keys and values are made (docs/electives/latent-attention.md)", choices=("standard", "online", "latent"),
     )  # fmt: skip
     checkpoint_activations: bool = option(
         False, "keep only each block's input for backward and compute the rest again there: less memory, one more "
@@ -107,6 +108,14 @@ class GPTConfig:
     mtp_weights: str | None = option(
         None, "the loss's weight of each of the `mtp` heads, comma-separated, the next-token head's first "
         "(e.g. 1,0.5,0.25 with `mtp` 3; unset: 1 each, the plain sum)",
+    )  # fmt: skip
+    kv_latent: int | None = option(
+        None, "numbers per token of the latent that `attention` latent caches, at most `n_embd` (default: `n_embd` / 4)",
+        only_with=("attention", "latent"),
+    )  # fmt: skip
+    rope_head_dim: int | None = option(
+        None, "size of the rotary key shared by the heads beside the latent, even, with `attention` latent and `pos` "
+        "rope (default: half the head size, rounded down to even)", only_with=("attention", "latent"),
     )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
@@ -196,6 +205,10 @@ class GPTConfig:
             f"sinusoidal positions pair a sine and a cosine, so n_embd must be even, got {n_embd}",
             "n_embd", n_embd, "with `pos` sinusoidal, an even width (each sine has its cosine)",
         )  # fmt: skip
+        if self.attention == "latent":
+            from gpt.model.electives.latent_attention import check_latent_config
+
+            check_latent_config(self)  # kv_latent, rope_head_dim and n_kv_head: their defaults and checks
 
     def to_dict(self):
         return asdict(self)
@@ -222,6 +235,10 @@ def parameter_count(config):
     qkv = (H + 2 * Hk) * (C // H)  # c_attn's output width
     norm = 2 * C if config.norm == "layernorm" and config.bias else C  # weight (and bias)
     attention = C * qkv + bias * qkv + C * C + bias * C  # c_attn, c_proj
+    if config.attention == "latent":
+        from gpt.model.electives import latent_attention
+
+        attention = latent_attention.parameter_count(config)  # c_q, kv_down, k_up, v_up, c_proj
     hidden = mlp_width(config)
     gelu_mlp = C * hidden + bias * hidden + hidden * C + bias * C  # c_fc, c_proj
     if config.mlp == "swiglu":
@@ -276,8 +293,13 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
         # (the MLP's output, counted below as c_proj's)
         k, E = config.expert_top_k, config.n_expert
         mlp = 2 * E + k * (2 * C + 2 * hidden) + (2 * E - 2) * C
-    attention_rows = H * T if config.attention == "standard" else H
-    per_block = 7 * C + (H + 2 * Hk) * (C // H) + attention_rows + mlp
+    attention_rows = H * T if config.attention != "online" else H
+    qkv = (H + 2 * Hk) * (C // H)
+    if config.attention == "latent":
+        from gpt.model.electives import latent_attention
+
+        qkv = latent_attention.activation_numbers(config)  # the queries, the latent, the keys and values made from it
+    per_block = 7 * C + qkv + attention_rows + mlp
     positions = C if config.pos in ("learned", "sinusoidal") else 0
     if config.checkpoint_activations:
         per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
@@ -387,7 +409,12 @@ class Block(nn.Module):
     def __init__(self, config, dtype):
         super().__init__()
         self.ln_1 = _norm(config, dtype)
-        self.attn = CausalSelfAttention(config, dtype)
+        if config.attention == "latent":
+            from gpt.model.electives.latent_attention import LatentAttention
+
+            self.attn = LatentAttention(config, dtype)  # keys and values made from a cached latent
+        else:
+            self.attn = CausalSelfAttention(config, dtype)
         self.ln_2 = _norm(config, dtype)
         if config.mlp == "moe":
             from gpt.model.electives.moe import MixtureOfExperts
