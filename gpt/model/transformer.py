@@ -539,8 +539,13 @@ class GPT(nn.Module):
         return np.stack([block.mlp.tokens_per_expert for block in self.transformer.h])
 
     def kv_cache_bytes_per_token(self):
-        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers."""
+        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers
+        (latent attention: n_layer · (kv_latent + rope_head_dim), the latent and the rotary key)."""
         c = self.config
+        if c.attention == "latent":
+            from gpt.model.electives.latent_attention import cache_numbers_per_token
+
+            return c.n_layer * cache_numbers_per_token(c) * self.transformer.wte.weight.dtype.itemsize
         return 2 * c.n_layer * c.n_kv_head * (c.n_embd // c.n_head) * self.transformer.wte.weight.dtype.itemsize
 
     def _check_caches(self, caches, batch, offset):
@@ -548,6 +553,10 @@ class GPT(nn.Module):
         `offset` positions before the new tokens (else the new keys would land at other positions
         than the ones their queries are given)."""
         c = self.config
+        if c.attention == "latent":
+            from gpt.model.electives.latent_attention import check_latent_caches
+
+            return check_latent_caches(self, caches, batch, offset)
         if not isinstance(caches, (list, tuple)) or len(caches) != c.n_layer or not all(isinstance(x, KVCache) for x in caches):
             raise InputTypeError(f"GPT: caches must be a list of {c.n_layer} KVCaches (from new_caches), got {caches!r:.80}")
         shape = (batch, c.n_kv_head, None, c.n_embd // c.n_head)
@@ -572,13 +581,19 @@ class GPT(nn.Module):
         if not is_integer(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
+        if c.attention == "latent":
+            return None  # each layer caches its latents (gpt/model/electives/latent_attention.py)
         dtype = self.transformer.wte.weight.dtype
         keys = np.zeros((c.n_layer, batch, c.n_kv_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
         return keys, np.zeros_like(keys)
 
     def new_caches(self, batch, arrays=None):
         """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, Hk, block_size, D),
-        or over new zeroed ones."""
+        or over new zeroed ones. Latent attention: one empty LatentCache per layer."""
+        if self.config.attention == "latent":
+            from gpt.model.electives.latent_attention import new_latent_caches
+
+            return new_latent_caches(self, batch)
         keys, values = self.new_cache_arrays(batch) if arrays is None else arrays
         return [KVCache(k, v) for k, v in zip(keys, values)]
 

@@ -13,9 +13,13 @@ import pytest
 
 import microtensor as mt
 import train
-from gpt.model.electives.latent_attention import LatentAttention
+import generate
+from gpt.checkpoints import checkpoint, convert
+from gpt.generation.decoder import Decoder
+from gpt.model.electives.latent_attention import LatentAttention, LatentCache
 from gpt.model.transformer import GPT, ConfigError, GPTConfig, parameter_count
 from gpt.model.transformer import training_step_bytes
+from helpers import JIT_DISABLED
 from test_gpt import bytes_the_graph_keeps
 from test_programs import TINY, corpus, said, write_corpus  # noqa: F401 (corpus is a fixture)
 
@@ -74,6 +78,64 @@ def test_gradients_through_the_module_agree_with_finite_differences():
     assert mt.gradcheck(lambda x, *w: attn(x), [x, *weights])  # gradcheck draws a random upstream gradient
 
 
+@pytest.mark.parametrize("pos", ["rope", "alibi", "sinusoidal"])
+def test_the_absorbed_decode_step_equals_the_expanded_one(pos):
+    """A prompt, then one token at a time, through the cache: attending over the latents (W_UK in
+    the queries, W_UV after) gives the numbers of building every key and value first."""
+    mt.manual_seed(0)
+    model = GPT(tiny_config(pos), dtype=mt.float64)
+    ids = np.random.default_rng(3).integers(0, 11, (2, 7))
+    outputs = {}
+    for absorb in (True, False):
+        for block in model.transformer.h:
+            block.attn.absorb = absorb
+        caches = model.new_caches(2)
+        steps = [model(ids[:, :4], caches=caches)[0].data] + [model(ids[:, t : t + 1], caches=caches, offset=t)[0].data for t in range(4, 7)]
+        outputs[absorb] = np.concatenate(steps, axis=1)  # (B, 7, V)
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(outputs[True], model(ids)[0].data, rtol=1e-12, atol=1e-12)  # and the uncached forward
+
+
+def test_absorbed_generation_is_token_for_token_the_expanded_and_the_uncached_one():
+    mt.manual_seed(1)
+    model = GPT(tiny_config("rope"), dtype=mt.float64)
+    prompt = [[1, 2, 3], [4, 5, 6]]
+    absorbed = model.generate(prompt, 20, temperature=0).data  # past block_size 12: the window moves, the cache is rebuilt
+    for block in model.transformer.h:
+        block.attn.absorb = False
+    np.testing.assert_array_equal(absorbed, model.generate(prompt, 20, temperature=0).data)
+    np.testing.assert_array_equal(absorbed, model.generate(prompt, 20, temperature=0, use_kv_cache=False).data)
+
+
+def test_each_layer_keeps_latents_the_kernel_does_not_run_and_reorder_gathers_rows():
+    mt.manual_seed(0)
+    model = GPT(tiny_config("rope"))
+    assert model.new_cache_arrays(2) is None
+    with mt.using_kernels("readable" if JIT_DISABLED else "fast"), Decoder(model, 2, 3) as decoder:
+        assert decoder.kernel is None and all(isinstance(cache, LatentCache) for cache in decoder.caches)
+        sequences = np.array([[1, 2, 3], [4, 5, 6]])
+        decoder.feed(sequences)
+        latents = decoder.caches[0].latent[:, :3].copy()
+        decoder.reorder([1, 1, 0])
+        np.testing.assert_array_equal(decoder.caches[0].latent[:, :3], latents[[1, 1, 0]])
+        assert all(cache.length == 3 for cache in decoder.caches)
+    from gpt.generation import decode_kernel
+
+    assert not decode_kernel.can_run(model)
+
+
+def test_cache_bytes_per_token_against_mha_gqa_mqa():
+    """At the default size (4 layers, width 128, 4 heads of 32), float32: MHA keeps 2 · 4 · 128
+    numbers per token, GQA with 2 heads half, MQA a quarter; the latent 32 + the rotary key 16, per layer."""
+    def cache_bytes(**options):
+        return GPT(GPTConfig(vocab_size=3, n_layer=4, **options)).kv_cache_bytes_per_token()
+
+    assert cache_bytes() == 4096 and cache_bytes(n_kv_head=2) == 2048 and cache_bytes(n_kv_head=1) == 1024
+    assert cache_bytes(attention="latent", kv_latent=32, pos="rope") == 4 * (32 + 16) * 4
+    assert cache_bytes(attention="latent", kv_latent=32) == 4 * 32 * 4  # learned positions: no rotary key
+    assert GPTConfig(vocab_size=3, attention="latent").kv_latent == 32  # the default: a quarter of the width
+
+
 @pytest.mark.parametrize("pos", ["rope", "learned"])
 def test_the_activations_estimate_is_a_close_lower_bound_of_what_the_graph_keeps(pos):
     """training_step_bytes with attention latent, as tests/test_gpt.py checks the other options."""
@@ -119,3 +181,22 @@ def test_train_refuses_the_flags_naming_them(tmp_path, flags, message, capsys):
     argv = ["--data", corpus_path, "--out-dir", str(tmp_path / "out"), "--max-iters", "1", *TINY, *flags]
     assert train.main(argv) == 1
     assert f"error: {message}" in said(capsys)
+
+
+@pytest.mark.slow
+def test_train_resumes_exactly_and_generates(tmp_path, corpus, capsys):
+    flags = ["--data", corpus, "--eval-interval", "4", *TINY, "--attention", "latent", "--kv-latent", "4", "--pos", "rope"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    assert train.main([*flags, "--out-dir", one, "--max-iters", "8"]) == 0
+    assert "KV cache per token (generation)" in said(capsys)
+    assert train.main([*flags, "--out-dir", two, "--max-iters", "4"]) == 0
+    assert train.main([*flags, "--out-dir", two, "--max-iters", "8", "--resume"]) == 0
+    (state_one, _, meta_one), (state_two, _, meta_two) = checkpoint.load(one), checkpoint.load(two)
+    assert meta_one["iteration"] == meta_two["iteration"] == 8 and meta_one["config"]["kv_latent"] == 4
+    for name in state_one:
+        np.testing.assert_array_equal(state_one[name], state_two[name], err_msg=name)
+    capsys.readouterr()
+    assert generate.main(["--out-dir", two, "--prompt", "the king", "--max-new-tokens", "20", "--seed", "1"]) == 0
+    assert "the king" in capsys.readouterr().out
+    with pytest.raises(convert.ConvertError, match="latent attention .* has standard attention only"):
+        convert.export_checkpoint(two, tmp_path / "model.npz")

@@ -123,6 +123,11 @@ def parameter_count(config):
     return (C + bias) * H * (D + R) + (C + bias) * (L + R) + 2 * L * C + (C + bias) * C
 
 
+def cache_numbers_per_token(config):
+    """Numbers the cache keeps per token and layer: the latent and the rotary key, d_c + d_R."""
+    return config.kv_latent + rope_size(config)
+
+
 def activation_numbers(config):
     """Per token, the arrays of one block's attention (before its output) that the graph keeps for
     backward, for training_step_bytes' lower bound: c_q's and kv_down's outputs, the keys and values
@@ -132,9 +137,70 @@ def activation_numbers(config):
     return H * (D + R) + (L + R) + 2 * C + (3 * H * (D + R) if R else 0)
 
 
+class LatentCache:
+    """One layer's cache for latent attention: the latents (B, block_size, d_c) and the rotated
+    shared keys (B, block_size, d_R; d_R = 0 without rope), with a write position `length`."""
+
+    def __init__(self, latent, rope_key):
+        self.latent, self.rope_key = latent, rope_key
+        self.length = 0  # how many positions hold a latent
+
+    @classmethod
+    def empty(cls, batch, block_size, kv_latent, rope_head_dim, dtype):
+        return cls(np.zeros((batch, block_size, kv_latent), dtype), np.zeros((batch, block_size, rope_head_dim), dtype))
+
+    def append(self, latent, rope_key):
+        """Write the new latents (B, T, d_c) and rotary keys (B, T, d_R) or None; return all so far as Tensors."""
+        T = latent.shape[1]
+        if self.length + T > self.latent.shape[1]:
+            raise InputError(f"LatentCache: {T} new positions after {self.length} do not fit a cache of {self.latent.shape[1]} positions")
+        end = self.length + T
+        self.latent[:, self.length : end] = latent.data
+        if rope_key is not None:
+            self.rope_key[:, self.length : end] = rope_key.data
+        self.length = end
+        rope_keys = mt.Tensor(self.rope_key[:, :end]) if rope_key is not None else None
+        return mt.Tensor(self.latent[:, :end]), rope_keys
+
+    def reordered(self, rows):
+        """A cache whose row r is row rows[r] of this one (new arrays: rows may repeat)."""
+        cache = LatentCache(self.latent[rows], self.rope_key[rows])
+        cache.length = self.length
+        return cache
+
+
+def new_latent_caches(model, batch):
+    """One empty LatentCache per layer of a latent-attention GPT."""
+    c = model.config
+    dtype = model.transformer.wte.weight.dtype
+    return [LatentCache.empty(batch, c.block_size, c.kv_latent, rope_size(c), dtype) for _ in range(c.n_layer)]
+
+
+def check_latent_caches(model, caches, batch, offset):
+    """The caches a forward appends to: one LatentCache per layer, for this batch and these sizes,
+    holding exactly the `offset` positions before the new tokens."""
+    c = model.config
+    if not isinstance(caches, (list, tuple)) or len(caches) != c.n_layer or not all(isinstance(x, LatentCache) for x in caches):
+        raise InputTypeError(f"GPT: caches must be a list of {c.n_layer} LatentCaches (from new_caches), got {caches!r:.80}")
+    for layer, cache in enumerate(caches):
+        latent, rope_key = cache.latent.shape, cache.rope_key.shape
+        if latent[0] != batch or latent[2] != c.kv_latent or rope_key[:2] != latent[:2] or rope_key[2] != rope_size(c):
+            raise InputError(
+                f"GPT: the cache of layer {layer} holds latents {latent} and rotary keys {rope_key}, expected "
+                f"({batch}, positions, {c.kv_latent}) and ({batch}, positions, {rope_size(c)})"
+            )
+        if cache.length != offset:
+            raise InputError(
+                f"GPT: offset is {offset}, but the cache of layer {layer} holds {cache.length} positions; "
+                "the new tokens' positions must start where the cache ends"
+            )
+
+
 class LatentAttention(nn.Module):
     """Causal self-attention whose keys and values are made from a cached latent (the module
-    docstring derives it)."""
+    docstring derives it). `absorb`: with a cache, attend over the latents directly (True, the
+    default) or expand them into every head's keys and values first (False: the same numbers,
+    slower, for the tests and the docs to compare)."""
 
     fits_decode_kernel = False  # the one-token kernel reads full keys and values, not latents
 
@@ -151,6 +217,7 @@ class LatentAttention(nn.Module):
         self.c_proj = nn.Linear(C, C, bias=config.bias, dtype=dtype)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.alibi_slopes = F.alibi_slopes(H).astype(dtype) if config.pos == "alibi" else None
+        self.absorb = True
 
     def forward(self, x, cache=None, offset=0):
         B, T, C = x.shape
@@ -162,8 +229,11 @@ class LatentAttention(nn.Module):
             rope_key = F.rope(down[:, :, L:], offset)  # (B, T, R): rotated once, read by every head
             q = F.cat([q[:, :, :, :D], F.rope(q[:, :, :, D:], offset)], dim=-1)
         if cache is not None:
-            raise InputError("LatentAttention: a KV cache is not supported yet")
-        y = self.attend_expanded(q, latent, rope_key)  # (B, H, T, D)
+            latent, rope_key = cache.append(latent, rope_key)  # (B, S, L), (B, S, R), S = offset + T
+        if cache is not None and self.absorb:
+            y = self.attend_absorbed(q, latent, rope_key)
+        else:
+            y = self.attend_expanded(q, latent, rope_key)  # (B, H, T, D)
         y = y.permute(0, 2, 1, 3).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -180,3 +250,22 @@ class LatentAttention(nn.Module):
             v = F.cat([v, zeros], dim=-1)  # the op takes values as wide as keys; the extra R outputs are dropped
         y = F.scaled_dot_product_attention(q, k, v, causal=True, alibi_slopes=self.alibi_slopes)  # (B, H, T, D + R)
         return y[:, :, :, :D] if R else y
+
+    def attend_absorbed(self, q, latent, rope_key):
+        """The same as attend_expanded, with W_UK absorbed into the queries and W_UV applied after
+        the attention: the latents are the keys and values of one head that all query heads share."""
+        H, D, L, R = self.n_head, self.head_size, self.kv_latent, self.rope_head_dim
+        B, S, _ = latent.shape
+        k_up_t = self.k_up.weight.reshape(L, H, D).permute(1, 2, 0)  # (H, D, L): each head's W_UKᵀ
+        q_latent = q[:, :, :, :D] @ k_up_t if R else q @ k_up_t  # (B, H, T, L)
+        keys = latent.reshape(B, 1, S, L)
+        if R:
+            q_latent = F.cat([q_latent, q[:, :, :, D:]], dim=-1)  # (B, H, T, L + R)
+            keys = F.cat([latent, rope_key], dim=-1).reshape(B, 1, S, L + R)
+        # the op divides the scores by √(its width, L + R); the model's are divided by √(D + R)
+        q_latent = q_latent * math.sqrt((L + R) / (D + R))
+        # the keys serve as values too: their first L outputs are Σ_j p_j c_j, the rest are dropped
+        mixed = F.scaled_dot_product_attention(q_latent, keys, keys, causal=True, alibi_slopes=self.alibi_slopes)
+        mixed = mixed[:, :, :, :L] if R else mixed  # (B, H, T, L)
+        v_up = self.v_up.weight.reshape(L, H, D).permute(1, 0, 2)  # (H, L, D): each head's W_UV
+        return mixed @ v_up  # (B, H, T, D)
