@@ -107,6 +107,18 @@ def test_absorbed_generation_is_token_for_token_the_expanded_and_the_uncached_on
     np.testing.assert_array_equal(absorbed, model.generate(prompt, 20, temperature=0, use_kv_cache=False).data)
 
 
+def test_beam_search_over_latent_caches_equals_it_without_a_cache():
+    """Beam search reorders each layer's LatentCache (reordered(rows)) as its beams change places."""
+    from gpt.generation.electives.beam_search import beam_search
+
+    mt.manual_seed(2)
+    model = GPT(tiny_config("rope"), dtype=mt.float64)
+    cached, uncached = beam_search(model, [1, 2, 3], 3, 12), beam_search(model, [1, 2, 3], 3, 12, use_kv_cache=False)
+    for ours, theirs in zip(cached.beams, uncached.beams):
+        np.testing.assert_array_equal(ours.tokens, theirs.tokens)
+        assert abs(ours.logprob - theirs.logprob) < 1e-12
+
+
 def test_each_layer_keeps_latents_the_kernel_does_not_run_and_reorder_gathers_rows():
     mt.manual_seed(0)
     model = GPT(tiny_config("rope"))
