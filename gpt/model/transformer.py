@@ -12,7 +12,8 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
   scores that grows with distance, no table at all); all but learned can run past block_size;
 - n_kv_head: key/value heads shared by groups of query heads (1 is multi-query attention);
 - attention: the standard kernel, which keeps the (T, T) probabilities for backward, or "online",
-  FlashAttention's tiles with a running max and sum, which keeps only one number per row;
+  FlashAttention's tiles with a running max and sum, which keeps only one number per row; or
+  "latent", keys and values made from a small cached latent (gpt/model/electives/latent_attention.py);
 - biases, and tied input/output embeddings (logits = x @ wteᵀ, so `lm_head.weight` exists only
   when untied);
 - checkpoint_activations: each block runs under `mt.checkpoint`, which keeps only its input for
