@@ -1043,4 +1043,19 @@ MUTANTS = [
         'tests/electives/test_parallelism.py -k "pipelined_step"',
         why="each micro-batch's mean loss is not divided by m: the accumulated gradients are m times the batch's",
     ),
+    # ----------------------------------------------------------------------------- latent attention
+    Mutant(
+        "latent_attention.absorbed_scale", "gpt/model/electives/latent_attention.py",
+        "q_latent = q_latent * math.sqrt((L + R) / (D + R))",
+        "q_latent = q_latent * 1.0",
+        'tests/electives/test_latent_attention.py -k "absorbed"',
+        why="the absorbed step divides the scores by the square root of the latent's width, not of the head's: decoding attends otherwise than training",
+    ),
+    Mutant(
+        "latent_attention.rope_key_per_step", "gpt/model/electives/latent_attention.py",
+        "rope_key = F.rope(down[:, :, L:], offset)",
+        "rope_key = F.rope(down[:, :, L:], 0)",
+        'tests/electives/test_latent_attention.py -k "absorbed"',
+        why="the new tokens' rotary keys are rotated as if they stood at position 0: a cached step sees them at the wrong distance",
+    ),
 ]

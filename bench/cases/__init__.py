@@ -49,6 +49,7 @@ CASES = [
     Case("dpo", "electives.dpo", "Direct preference optimization", "docs/electives/dpo.md"),
     Case("mtp", "electives.mtp", "Multi-token prediction and self-speculative decoding", "docs/electives/multi-token-prediction.md"),
     Case("mixed_precision", "electives.mixed_precision", "16-bit training", "docs/electives/mixed-precision.md"),
+    Case("latent_attention", "electives.latent_attention", "Multi-head latent attention against MHA, GQA and MQA", "docs/electives/latent-attention.md"),
     Case("scaling_laws", "electives.scaling_laws", "Scaling laws: a sweep of sizes and an IsoFLOP curve", "docs/electives/scaling-laws.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}

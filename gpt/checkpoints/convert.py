@@ -166,6 +166,12 @@ def export_checkpoint(out_dir, path, force=False, merge_lora=False):
     if merge_lora and "lora" not in meta:
         raise ConvertError(f"--merge-lora: given with {source}, expected a LoRA fine-tuning's checkpoint (train.py --lora-rank): this one has no adapters to merge")
     config = GPTConfig(**meta["config"])
+    if config.attention == "latent":
+        raise ConvertError(
+            f"{source} is a model of latent attention (train.py --attention latent); the PyTorch model the export is "
+            "made for (gpt/checkpoints/torch_gpt.py) has standard attention only, so it could not read these weights: "
+            "export a model of --attention standard or online"
+        )
     vocab = meta["vocab"]
     if merge_lora:
         model = checkpoint.load_model(out_dir, merge=True)[0]  # its base, found and checked by its sha256

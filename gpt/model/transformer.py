@@ -12,7 +12,8 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
   scores that grows with distance, no table at all); all but learned can run past block_size;
 - n_kv_head: key/value heads shared by groups of query heads (1 is multi-query attention);
 - attention: the standard kernel, which keeps the (T, T) probabilities for backward, or "online",
-  FlashAttention's tiles with a running max and sum, which keeps only one number per row;
+  FlashAttention's tiles with a running max and sum, which keeps only one number per row; or
+  "latent", keys and values made from a small cached latent (gpt/model/electives/latent_attention.py);
 - biases, and tied input/output embeddings (logits = x @ wteᵀ, so `lm_head.weight` exists only
   when untied);
 - checkpoint_activations: each block runs under `mt.checkpoint`, which keeps only its input for
@@ -94,7 +95,8 @@ class GPTConfig:
     )  # fmt: skip
     attention: str = option(
         "standard", "attention kernel: standard keeps the (T, T) probabilities for backward; online (FlashAttention's "
-        "tiles) keeps one number per row (docs/electives/online-attention.md)", choices=("standard", "online"),
+        "tiles) keeps one number per row (docs/electives/online-attention.md); latent caches one small vector per "
+        "token, from which keys and values are made (docs/electives/latent-attention.md)", choices=("standard", "online", "latent"),
     )  # fmt: skip
     checkpoint_activations: bool = option(
         False, "keep only each block's input for backward and compute the rest again there: less memory, one more "
@@ -107,6 +109,14 @@ class GPTConfig:
     mtp_weights: str | None = option(
         None, "the loss's weight of each of the `mtp` heads, comma-separated, the next-token head's first "
         "(e.g. 1,0.5,0.25 with `mtp` 3; unset: 1 each, the plain sum)",
+    )  # fmt: skip
+    kv_latent: int | None = option(
+        None, "numbers per token of the latent that `attention` latent caches, at most `n_embd` (default: `n_embd` / 4)",
+        only_with=("attention", "latent"),
+    )  # fmt: skip
+    rope_head_dim: int | None = option(
+        None, "size of the rotary key shared by the heads beside the latent, even, with `attention` latent and `pos` "
+        "rope (default: half the head size, rounded down to even)", only_with=("attention", "latent"),
     )  # fmt: skip
     n_expert: int = option(4, "experts of `mlp` moe", only_with=("mlp", "moe"))
     expert_top_k: int = option(2, "experts each token is routed to, with `mlp` moe (at most `n_expert`)", only_with=("mlp", "moe"))
@@ -196,6 +206,10 @@ class GPTConfig:
             f"sinusoidal positions pair a sine and a cosine, so n_embd must be even, got {n_embd}",
             "n_embd", n_embd, "with `pos` sinusoidal, an even width (each sine has its cosine)",
         )  # fmt: skip
+        if self.attention == "latent":
+            from gpt.model.electives.latent_attention import check_latent_config
+
+            check_latent_config(self)  # kv_latent, rope_head_dim and n_kv_head: their defaults and checks
 
     def to_dict(self):
         return asdict(self)
@@ -222,6 +236,10 @@ def parameter_count(config):
     qkv = (H + 2 * Hk) * (C // H)  # c_attn's output width
     norm = 2 * C if config.norm == "layernorm" and config.bias else C  # weight (and bias)
     attention = C * qkv + bias * qkv + C * C + bias * C  # c_attn, c_proj
+    if config.attention == "latent":
+        from gpt.model.electives import latent_attention
+
+        attention = latent_attention.parameter_count(config)  # c_q, kv_down, k_up, v_up, c_proj
     hidden = mlp_width(config)
     gelu_mlp = C * hidden + bias * hidden + hidden * C + bias * C  # c_fc, c_proj
     if config.mlp == "swiglu":
@@ -276,8 +294,13 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
         # (the MLP's output, counted below as c_proj's)
         k, E = config.expert_top_k, config.n_expert
         mlp = 2 * E + k * (2 * C + 2 * hidden) + (2 * E - 2) * C
-    attention_rows = H * T if config.attention == "standard" else H
-    per_block = 7 * C + (H + 2 * Hk) * (C // H) + attention_rows + mlp
+    attention_rows = H * T if config.attention != "online" else H
+    qkv = (H + 2 * Hk) * (C // H)
+    if config.attention == "latent":
+        from gpt.model.electives import latent_attention
+
+        qkv = latent_attention.activation_numbers(config)  # the queries, the latent, the keys and values made from it
+    per_block = 7 * C + qkv + attention_rows + mlp
     positions = C if config.pos in ("learned", "sinusoidal") else 0
     if config.checkpoint_activations:
         per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
@@ -387,7 +410,12 @@ class Block(nn.Module):
     def __init__(self, config, dtype):
         super().__init__()
         self.ln_1 = _norm(config, dtype)
-        self.attn = CausalSelfAttention(config, dtype)
+        if config.attention == "latent":
+            from gpt.model.electives.latent_attention import LatentAttention
+
+            self.attn = LatentAttention(config, dtype)  # keys and values made from a cached latent
+        else:
+            self.attn = CausalSelfAttention(config, dtype)
         self.ln_2 = _norm(config, dtype)
         if config.mlp == "moe":
             from gpt.model.electives.moe import MixtureOfExperts
@@ -512,8 +540,13 @@ class GPT(nn.Module):
         return np.stack([block.mlp.tokens_per_expert for block in self.transformer.h])
 
     def kv_cache_bytes_per_token(self):
-        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers."""
+        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers
+        (latent attention: n_layer · (kv_latent + rope_head_dim), the latent and the rotary key)."""
         c = self.config
+        if c.attention == "latent":
+            from gpt.model.electives.latent_attention import cache_numbers_per_token
+
+            return c.n_layer * cache_numbers_per_token(c) * self.transformer.wte.weight.dtype.itemsize
         return 2 * c.n_layer * c.n_kv_head * (c.n_embd // c.n_head) * self.transformer.wte.weight.dtype.itemsize
 
     def _check_caches(self, caches, batch, offset):
@@ -521,6 +554,10 @@ class GPT(nn.Module):
         `offset` positions before the new tokens (else the new keys would land at other positions
         than the ones their queries are given)."""
         c = self.config
+        if c.attention == "latent":
+            from gpt.model.electives.latent_attention import check_latent_caches
+
+            return check_latent_caches(self, caches, batch, offset)
         if not isinstance(caches, (list, tuple)) or len(caches) != c.n_layer or not all(isinstance(x, KVCache) for x in caches):
             raise InputTypeError(f"GPT: caches must be a list of {c.n_layer} KVCaches (from new_caches), got {caches!r:.80}")
         shape = (batch, c.n_kv_head, None, c.n_embd // c.n_head)
@@ -545,13 +582,19 @@ class GPT(nn.Module):
         if not is_integer(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
+        if c.attention == "latent":
+            return None  # each layer caches its latents (gpt/model/electives/latent_attention.py)
         dtype = self.transformer.wte.weight.dtype
         keys = np.zeros((c.n_layer, batch, c.n_kv_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
         return keys, np.zeros_like(keys)
 
     def new_caches(self, batch, arrays=None):
         """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, Hk, block_size, D),
-        or over new zeroed ones."""
+        or over new zeroed ones. Latent attention: one empty LatentCache per layer."""
+        if self.config.attention == "latent":
+            from gpt.model.electives.latent_attention import new_latent_caches
+
+            return new_latent_caches(self, batch)
         keys, values = self.new_cache_arrays(batch) if arrays is None else arrays
         return [KVCache(k, v) for k, v in zip(keys, values)]
 
