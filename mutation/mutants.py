@@ -1058,4 +1058,19 @@ MUTANTS = [
         'tests/electives/test_latent_attention.py -k "absorbed"',
         why="the new tokens' rotary keys are rotated as if they stood at position 0: a cached step sees them at the wrong distance",
     ),
+    # ----------------------------------------------------------------------------- test-time compute
+    Mutant(
+        "test_time.vote_ties_to_last", "gpt/generation/electives/test_time.py",
+        "return next(answer for answer in answers if counts[answer] == most)",
+        "return next(answer for answer in reversed(answers) if counts[answer] == most)",
+        'tests/electives/test_test_time.py -k "vote"',
+        why="a tie goes to the answer sampled last: the stated rule, and the vote's answer for the same samples, change",
+    ),
+    Mutant(
+        "addition.held_out_drawn_for_training", "gpt/text/electives/addition.py",
+        "            if not held.any():\n                return codes\n",
+        "            return codes\n",
+        'tests/electives/test_addition.py -k "held_out"',
+        why="training draws the held-out sums too: the exact-match accuracy no longer measures sums the model never saw",
+    ),
 ]

@@ -51,5 +51,6 @@ CASES = [
     Case("mixed_precision", "electives.mixed_precision", "16-bit training", "docs/electives/mixed-precision.md"),
     Case("latent_attention", "electives.latent_attention", "Multi-head latent attention against MHA, GQA and MQA", "docs/electives/latent-attention.md"),
     Case("scaling_laws", "electives.scaling_laws", "Scaling laws: a sweep of sizes and an IsoFLOP curve", "docs/electives/scaling-laws.md"),
+    Case("test_time_compute", "electives.test_time_compute", "Test-time compute: self-consistency and best-of-n", "docs/electives/test-time-compute.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}
