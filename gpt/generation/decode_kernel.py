@@ -688,16 +688,16 @@ def draft_logits(hidden, w, heads, logits):
     inner = np.empty((1, F), dtype)  # the MLP's hidden activations
     up = np.empty((1, F), dtype)  # SwiGLU's second projection
     delta = np.empty((1, C), dtype)
-    head_slot = np.int64(0)
+    zero = np.int64(0)  # a typed 0: a literal 0 would compile `linear` and `activate` once more, for that constant
     for k in range(K):
         norm_row(hidden, heads.ln_weight[k], heads.ln_bias[k], w.eps, w.rmsnorm, normed[0])
         linear(normed, heads.c_fc, k, heads.c_fc_bias[k, 0], inner)
-        activate(normed, heads.c_up, k, heads.c_up_bias, k, 0, inner, up)
+        activate(normed, heads.c_up, k, heads.c_up_bias, k, zero, inner, up)  # a head is expert 0 of slot k
         linear(inner, heads.c_proj, k, heads.c_proj_bias[k], delta)
         for c in range(C):
             x[0, c] = hidden[c] + delta[0, c]
         norm_row(x[0], w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed[0])
-        linear(normed, w.lm_head, head_slot, w.lm_head_bias, logits[k : k + 1])
+        linear(normed, w.lm_head, zero, w.lm_head_bias, logits[k : k + 1])
 
 
 @kernel(tag=FAST)
