@@ -93,13 +93,16 @@ def test_mtp_1_is_the_baseline_and_counts_its_parameters():
         assert parameter_count(config) == GPT(config).num_parameters()
 
 
+@pytest.mark.parametrize("kernels", ["default", "readable"])
 @pytest.mark.parametrize("pos", ["learned", "rope"])
-def test_self_speculative_decoding_at_temperature_0_is_greedy_decoding(pos):
-    # block 8 and 40 tokens: the window moves several times inside the generation
+def test_self_speculative_decoding_at_temperature_0_is_greedy_decoding(pos, kernels):
+    # block 8 and 40 tokens: the window moves several times inside the generation; the readable
+    # set takes every round through the modules, the fast set through the decode kernel
     model = tiny_model(n=4, vocab=5, block=8, pos=pos, seed=1)  # a seed whose drafts are accepted and rejected
     prompt = np.array([[1, 2, 3]])
     greedy = model.generate(prompt, 40, temperature=0).numpy()[0, 3:]
-    tokens, stats = self_speculative_generate(model, prompt, 40, temperature=0)
+    with mt.using_kernels(mt.get_kernels() if kernels == "default" else kernels):
+        tokens, stats = self_speculative_generate(model, prompt, 40, temperature=0)
     np.testing.assert_array_equal(tokens, greedy)
     assert stats.generated == 40 and 0 < stats.accepted < stats.proposed and stats.rounds < 40
 
