@@ -311,7 +311,7 @@ def generate_samples(args):
             f"{stats.accepted} of {stats.proposed} drafts accepted, acceptance rate {stats.acceptance_rate:.0%}, "
             f"{stats.tokens_per_round:.2f} tokens per forward" if stats.proposed else "nothing drafted"
         )  # fmt: skip
-        how = f"self-speculative decoding with {model.config.mtp - 1} extra heads: {accepted}; with the KV cache, through the modules"
+        how = f"self-speculative decoding with {model.config.mtp - 1} extra heads: {accepted}; {how}"
     console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({escape(how)})[/]")
     return 0
 

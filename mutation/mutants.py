@@ -1001,7 +1001,7 @@ MUTANTS = [
         "mtp.rejected_drafts_kept", "gpt/generation/electives/self_speculative.py",
         "keep = m + accepted\n",
         "keep = m + k\n",
-        'tests/electives/test_mtp.py -k "self_speculative"',
+        'tests/electives/test_mtp.py -k "temperature_0 and readable"',
         jit=True,
         why="the cache keeps the keys and values of the rejected drafts: the next tokens attend to a context that is not the text",
     ),
@@ -1072,5 +1072,22 @@ MUTANTS = [
         "            return codes\n",
         'tests/electives/test_addition.py -k "held_out"',
         why="training draws the held-out sums too: the exact-match accuracy no longer measures sums the model never saw",
+    ),
+    # ----------------------------------------------------------------------------- self-speculative decoding in the kernel
+    Mutant(
+        "decode.draft_head_drops_the_residual", "gpt/generation/decode_kernel.py",
+        "x[0, c] = hidden[c] + delta[0, c]",
+        "x[0, c] = delta[0, c]",
+        'tests/electives/test_mtp.py -k "extra_heads_logits"',
+        jit=True,
+        why="an extra head in the kernel returns its MLP's output alone, not h + mlp(ln(h)) as the module",
+    ),
+    Mutant(
+        "decode.self_speculative_keeps_the_rejected_draft", "gpt/generation/decode_kernel.py",
+        "position += n + accepted\n",
+        "position += n + accepted + 1\n",
+        'tests/electives/test_mtp.py -k "rounds_in_one_call"',
+        jit=True,
+        why="a round's next position skips one past the accepted drafts, leaving a hole in the cache",
     ),
 ]

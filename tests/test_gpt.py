@@ -305,6 +305,31 @@ def test_cached_generation_equals_the_module_forward_past_block_size(options, ke
         np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
 
 
+@needs_the_jit
+@pytest.mark.parametrize("prompt_length", [3, 11])
+def test_greedy_generate_takes_the_steps_of_a_window_in_one_kernel_call(prompt_length, monkeypatch):
+    """GPT.generate at temperature 0 under the fast set: the steps the window holds run in one
+    decode_greedy call each (a window of 8 moves every 4 tokens; a prompt of 11 starts with its
+    last 8), with the tokens that one step per call gives."""
+    from gpt.generation import decode_kernel as fast_decode
+
+    calls = []
+    original_greedy = fast_decode.decode_greedy
+
+    def counted_greedy(weights, tokens, position, steps, keys, values):
+        calls.append(steps)
+        return original_greedy(weights, tokens, position, steps, keys, values)
+
+    monkeypatch.setattr(fast_decode, "decode_greedy", counted_greedy)
+    model = perturbed(mt.float32)
+    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, prompt_length))
+    with mt.using_kernels("fast"):
+        steps = [token for token, _ in model.generate_tokens(prompt, 30, temperature=0)]  # one step per call
+        generated = model.generate(prompt, 30, temperature=0).numpy()[:, prompt_length:]
+    np.testing.assert_array_equal(generated, np.stack(steps, axis=1))
+    assert sum(calls) == 30 and len(calls) <= 8  # every step, in a few calls
+
+
 # ================================================================================= memory of a training step
 
 MEMORY_OPTIONS = [

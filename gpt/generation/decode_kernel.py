@@ -53,6 +53,11 @@ head), F the MLP's hidden width:
 
 Only the chosen experts run: a token costs top_k experts' work, as in the module, not E.
 
+The step also writes x before ln_f, the last layer's output: a model trained with multi-token
+prediction (gpt/model/electives/mtp.py) drafts from it with its extra heads (`draft_logits`), and
+`self_speculative_steps` runs self-speculative decoding's rounds at temperature 0 in one call
+(gpt/generation/electives/self_speculative.py).
+
 Quantized weights (gpt/model/electives/quantize.py). Each weight matrix is a `Matrix` in one of
 three forms: floats, int8 codes with one scale per output column, or int4 codes packed two per byte
 with one scale per group of input rows of each column (microtensor/ops/electives/quantize.py has
@@ -176,6 +181,21 @@ class DecodeWeights(NamedTuple):
     n_kv_head: int
     top_k: int  # experts per token (1 for a dense MLP)
     rmsnorm: bool  # else LayerNorm
+
+
+class DraftHeads(NamedTuple):
+    """The K = mtp - 1 extra heads of a model trained with multi-token prediction
+    (gpt/model/electives/mtp.py) for `draft_logits`: each head's residual MLP, stacked over the heads
+    (slot k - 2 for head k). ln_f and lm_head are the DecodeWeights', shared with the next-token head."""
+
+    ln_weight: np.ndarray  # (K, C)
+    ln_bias: np.ndarray  # (K, C), zeros with RMSNorm or without biases
+    c_fc: Matrix  # K of (C, F)
+    c_fc_bias: np.ndarray  # (K, 1, F): one expert per head, as `activate` indexes its biases
+    c_up: Matrix | None  # K of (C, F) for SwiGLU; None for GELU
+    c_up_bias: np.ndarray | None  # (K, 1, F); None for GELU
+    c_proj: Matrix  # K of (F, C)
+    c_proj_bias: np.ndarray  # (K, C)
 
 
 def decode_kernel_fits(config):
@@ -343,9 +363,37 @@ def decode_weights(model):
     )
 
 
-def decode(weights, tokens, position, keys, values):
+def draft_heads(model):
+    """Gather the extra heads of a model trained with `mtp` >= 2 into a DraftHeads (copies, as
+    `decode_weights`). A head's MLP is SwiGLU when the model's is, GELU otherwise."""
+    config, heads = model.config, list(model.mtp_heads)
+    dtype = model.transformer.ln_f.weight.dtype
+    C, hidden = config.n_embd, heads[0].mlp.c_fc.weight.shape[1]
+
+    def bias(module, width):
+        b = getattr(module, "bias", None)
+        return np.zeros(width, dtype) if b is None else b.data
+
+    def stacked(get):
+        return np.ascontiguousarray(np.stack([get(head) for head in heads]))
+
+    swiglu = heads[0].mlp.kind == "swiglu"
+    return DraftHeads(
+        ln_weight=stacked(lambda h: h.ln_1.weight.data),
+        ln_bias=stacked(lambda h: bias(h.ln_1, C)),
+        c_fc=matrix([h.mlp.c_fc.weight for h in heads], dtype),
+        c_fc_bias=stacked(lambda h: bias(h.mlp.c_fc, hidden)[None]),
+        c_up=matrix([h.mlp.c_up.weight for h in heads], dtype) if swiglu else None,
+        c_up_bias=stacked(lambda h: bias(h.mlp.c_up, hidden)[None]) if swiglu else None,
+        c_proj=matrix([h.mlp.c_proj.weight for h in heads], dtype),
+        c_proj_bias=stacked(lambda h: bias(h.mlp.c_proj, C)),
+    )
+
+
+def decode(weights, tokens, position, keys, values, hidden=False):
     """tokens (B,) or (B, n) int, the new tokens of B sequences at window positions position ..
-    position + n - 1 -> their logits (B, V) or (B, n, V), a new array.
+    position + n - 1 -> their logits (B, V) or (B, n, V), a new array; with hidden=True also the
+    last layer's output before ln_f, (B, C) or (B, n, C): (logits, hidden).
 
     keys, values (L, B, Hk, block_size, D): positions 0 .. position - 1 hold the earlier tokens' keys
     and values; this writes the new tokens' at position .. position + n - 1. Everything the kernel
@@ -355,10 +403,15 @@ def decode(weights, tokens, position, keys, values):
     """
     one_per_sequence = np.ndim(tokens) == 1
     tokens = checked("decode", weights, tokens, position, 0, keys, values)  # (B, n) int64
-    logits = np.empty((tokens.shape[0], tokens.shape[1], weights.lm_head_bias.shape[0]), dtype=weights.ln_f_weight.dtype)
-    step = compiled(decode_step, weights) if keys.flags.c_contiguous and values.flags.c_contiguous else decode_step
-    step(tokens, int(position), weights, keys, values, logits)
-    return logits[:, 0] if one_per_sequence else logits
+    B, n = tokens.shape
+    dtype = weights.ln_f_weight.dtype
+    logits = np.empty((B, n, weights.lm_head_bias.shape[0]), dtype=dtype)
+    last_layer = np.empty((B, n, weights.ln_1_weight.shape[1]), dtype=dtype)
+    arguments = (tokens, int(position), weights, keys, values, logits, last_layer)
+    compiled(decode_step, weights, arguments)(*arguments)
+    if one_per_sequence:
+        logits, last_layer = logits[:, 0], last_layer[:, 0]
+    return (logits, last_layer) if hidden else logits
 
 
 def decode_greedy(weights, tokens, position, steps, keys, values):
@@ -366,15 +419,58 @@ def decode_greedy(weights, tokens, position, steps, keys, values):
     tokens chosen one after another, each the argmax of the logits before it (ties: the lower id,
     as numpy's argmax), each fed in turn but the last. Returns (chosen (B, steps) int64, the logits
     each was chosen from (B, steps, V)). The caches then hold position .. position + n + steps - 2."""
-    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise InputError(f"decode_greedy: steps must be an int >= 1, got {steps!r}")
-    tokens = checked("decode_greedy", weights, tokens, position, int(steps) - 1, keys, values)
+    steps = checked_steps("decode_greedy", steps)
+    tokens = checked("decode_greedy", weights, tokens, position, steps - 1, keys, values)
     B, V = tokens.shape[0], weights.lm_head_bias.shape[0]
-    chosen = np.empty((B, int(steps)), np.int64)
-    logits = np.empty((B, int(steps), V), dtype=weights.ln_f_weight.dtype)
-    steps_kernel = compiled(greedy_steps, weights) if keys.flags.c_contiguous and values.flags.c_contiguous else greedy_steps
-    steps_kernel(tokens, int(position), weights, keys, values, chosen, logits)
+    chosen = np.empty((B, steps), np.int64)
+    logits = np.empty((B, steps, V), dtype=weights.ln_f_weight.dtype)
+    arguments = (tokens, int(position), weights, keys, values, chosen, logits)
+    compiled(greedy_steps, weights, arguments)(*arguments)
     return chosen, logits
+
+
+def decode_drafts(weights, heads, hidden):
+    """The extra heads' logits (K, V) from the trunk's output at one position, hidden (C,)."""
+    if not isinstance(heads, DraftHeads):
+        raise InputTypeError(f"decode_drafts: heads must be a DraftHeads (from draft_heads(model)), got {type(heads).__name__}")
+    dtype, C = weights.ln_f_weight.dtype, weights.ln_1_weight.shape[1]
+    hidden = np.ascontiguousarray(hidden, dtype=dtype)
+    if hidden.shape != (C,) or heads.ln_weight.shape[1] != C:
+        raise InputError(f"decode_drafts: hidden must be ({C},) and the heads {C} wide, got {hidden.shape} and {heads.ln_weight.shape[1]}")
+    logits = np.empty((heads.ln_weight.shape[0], weights.lm_head_bias.shape[0]), dtype)
+    arguments = (hidden, weights, heads, logits)
+    compiled(draft_logits, weights, arguments)(*arguments)
+    return logits
+
+
+def decode_self_speculative(weights, heads, tokens, position, steps, keys, values, drafts):
+    """Self-speculative decoding at temperature 0 in one call (`self_speculative_steps`): tokens
+    (1, n) as `decode` takes them, drafts the extra heads' guesses for the tokens after the last of
+    them (a list of at most K ids; empty before the first round). Returns (chosen (steps,) int64,
+    the drafts for the token after the last chosen (K,), SpeculativeStats-like counts (rounds,
+    proposed, accepted)). The chosen tokens are greedy decoding's; the caches then hold position ..
+    position + n + steps - 2, as after `decode_greedy`."""
+    steps = checked_steps("decode_self_speculative", steps)
+    tokens = checked("decode_self_speculative", weights, tokens, position, steps - 1, keys, values)
+    if tokens.shape[0] != 1:
+        raise InputError(f"decode_self_speculative: one sequence at a time, got a batch of {tokens.shape[0]}")
+    K, V = heads.ln_weight.shape[0], weights.lm_head_bias.shape[0]
+    given = np.asarray(drafts, dtype=np.int64).reshape(-1)
+    if given.size > K or (given.size and (given.min() < 0 or given.max() >= V)):
+        raise InputError(f"decode_self_speculative: drafts must be at most {K} token ids in [0, {V}), got {[int(d) for d in given]}")
+    proposed = np.zeros(K, np.int64)
+    proposed[: given.size] = given
+    chosen = np.empty(steps, np.int64)
+    counts = np.array([given.size, 0, 0, 0], np.int64)  # valid drafts, rounds, proposed, accepted
+    arguments = (tokens, int(position), weights, heads, keys, values, proposed, chosen, counts)
+    compiled(self_speculative_steps, weights, arguments)(*arguments)
+    return chosen, proposed, (int(counts[1]), int(counts[2]), int(counts[3]))
+
+
+def checked_steps(where, steps):
+    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise InputError(f"{where}: steps must be an int >= 1, got {steps!r}")
+    return int(steps)
 
 
 def checked(where, weights, tokens, position, more, keys, values):
@@ -419,33 +515,29 @@ def checked(where, weights, tokens, position, more, keys, values):
     return np.ascontiguousarray(tokens, dtype=np.int64)  # one array type: one compiled version
 
 
-COMPILED_KEPT = 4  # the (kernel, DecodeWeights) pairs whose compiled version is remembered: a generation uses one to four
-_compiled = {}  # (id(kernel), id(weights)) -> (weights, the kernel compiled for their types)
-_compiled_by_kind = {}  # (id(kernel), kind_of(weights)) -> the kernel compiled for such weights
+COMPILED_KEPT = 8  # the (kernel, DecodeWeights) pairs whose compiled version is remembered: a generation uses one to four
+_compiled = {}  # (id(kernel), id(weights)) -> (weights, the kernel compiled for their arguments' types)
+_compiled_by_kind = {}  # (id(kernel), kind_of(arguments)) -> the kernel compiled for such arguments
 
 
-def compiled(kernel_function, weights):
-    """decode_step's or greedy_steps' compiled version for these weights, to call directly. Numba's
-    dispatcher works out the type of every argument on each call to choose the version to run;
-    DecodeWeights holds some 70 arrays, and that costs more than a small model's token. The arrays
-    `decode` and `decode_greedy` pass with the weights always have the same types (int64 tokens,
-    C-contiguous caches and outputs), so the version is found once per DecodeWeights (by `kind_of`,
-    which names everything its type depends on) and kept with them, alive, so that their id names
-    them alone."""
+def compiled(kernel_function, weights, arguments):
+    """A kernel's compiled version for these arguments (the weights among them), to call directly.
+    Numba's dispatcher works out the type of every argument on each call to choose the version to
+    run; DecodeWeights holds some 70 arrays, and that costs more than a small model's token. The
+    arrays passed with the same weights always have the same types (int64 tokens, C-contiguous
+    caches and outputs: the callers make sure), so the version is found once per DecodeWeights (by
+    `kind_of`, which names everything its type depends on) and kept with them, alive, so that their
+    id names them alone."""
+    if not all(a.flags.c_contiguous for a in arguments if isinstance(a, np.ndarray)):
+        return kernel_function  # other layouts (a view of a cache): the dispatcher chooses, nothing is kept
     known = _compiled.get((id(kernel_function), id(weights)))
     if known is not None and known[0] is weights:
         return known[1]
     if not hasattr(kernel_function, "overloads"):  # the JIT is off: the plain function
         return kernel_function
-    kind = (id(kernel_function), kind_of(weights))
+    kind = (id(kernel_function), kind_of(tuple(arguments)))
     if kind not in _compiled_by_kind:
-        dtype = weights.ln_f_weight.dtype
-        L, C = weights.ln_1_weight.shape
-        keys = np.zeros((L, 1, weights.n_kv_head, 1, C // weights.n_head), dtype)  # arrays of the types passed
-        chosen = (np.zeros((1, 1), np.int64),) if kernel_function is greedy_steps else ()
-        logits = np.zeros((1, 1, weights.lm_head_bias.shape[0]), dtype)
-        example = (np.zeros((1, 1), np.int64), 0, weights, keys, keys.copy(), *chosen, logits)
-        types = tuple(kernel_function.typeof_pyval(argument) for argument in example)
+        types = tuple(kernel_function.typeof_pyval(argument) for argument in arguments)
         if types not in kernel_function.overloads:
             kernel_function.compile(types)
         _compiled_by_kind[kind] = kernel_function.overloads[types].entry_point
@@ -469,11 +561,12 @@ def kind_of(value):
 
 
 @kernel(tag=FAST)
-def decode_step(tokens, position, w, keys, values, logits):
+def decode_step(tokens, position, w, keys, values, logits, last_layer):
     """n new tokens per sequence through the whole GPT (the module docstring's math).
 
     tokens (B, n) at window positions position .. position + n - 1; w a DecodeWeights; keys, values
-    (L, B, Hk, T, D), written at those positions; logits (B, n, V) is written.
+    (L, B, Hk, T, D), written at those positions; logits (B, n, V) and last_layer (B, n, C), the
+    last layer's output before ln_f (what a model's extra heads read), are written.
     """
     B, n = tokens.shape
     L, C = w.ln_1_weight.shape
@@ -549,6 +642,8 @@ def decode_step(tokens, position, w, keys, values, logits):
                         delta[r, c] += gate * answer[i, c]
             add_rows(delta, x)
         for r in range(n):
+            for c in range(C):
+                last_layer[b, r, c] = x[r, c]
             norm_row(x[r], w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed[r])
         head_slot = np.int64(0)  # a typed 0: a literal 0 would compile `linear` once more, for that constant
         linear(normed, w.lm_head, head_slot, w.lm_head_bias, logits[b])
@@ -561,8 +656,11 @@ def greedy_steps(tokens, position, w, keys, values, chosen, logits):
     One call for the whole loop: no Python between the steps."""
     B, n = tokens.shape
     steps, V = chosen.shape[1], logits.shape[2]
+    C = w.ln_1_weight.shape[1]
     first = np.empty((B, n, V), logits.dtype)  # the logits of the n tokens
-    decode_step(tokens, position, w, keys, values, first)
+    hidden = np.empty((B, n, C), logits.dtype)  # the last layer's output, which greedy decoding does not read
+    decode_step(tokens, position, w, keys, values, first, hidden)
+    hidden = np.empty((B, 1, C), logits.dtype)  # a new array, not a slice: a slice is another array type, another compile
     last = np.empty((B, 1, V), logits.dtype)  # the logits the next token is chosen from
     for b in range(B):  # element by element, as in decode_step: a row copy would compile a shape check
         for v in range(V):
@@ -570,12 +668,87 @@ def greedy_steps(tokens, position, w, keys, values, chosen, logits):
     token = np.empty((B, 1), np.int64)  # the token of the next step
     for s in range(steps):
         if s > 0:
-            decode_step(token, position + n + s - 1, w, keys, values, last)
+            decode_step(token, position + n + s - 1, w, keys, values, last, hidden)
         for b in range(B):
             for v in range(V):
                 logits[b, s, v] = last[b, 0, v]
             chosen[b, s] = np.argmax(last[b, 0])
             token[b, 0] = chosen[b, s]
+
+
+@kernel(tag=FAST)
+def draft_logits(hidden, w, heads, logits):
+    """The extra heads' logits (K, V) from one position's hidden state (C,), the trunk's output:
+    head k + 2's are ln_f(h + mlp_k(ln_k(h))) @ lm_head (gpt/model/electives/mtp.py's math)."""
+    K, C = heads.ln_weight.shape
+    F = heads.c_fc_bias.shape[2]
+    dtype = hidden.dtype
+    normed = np.empty((1, C), dtype)
+    x = np.empty((1, C), dtype)  # h plus the head's MLP
+    inner = np.empty((1, F), dtype)  # the MLP's hidden activations
+    up = np.empty((1, F), dtype)  # SwiGLU's second projection
+    delta = np.empty((1, C), dtype)
+    zero = np.int64(0)  # a typed 0: a literal 0 would compile `linear` and `activate` once more, for that constant
+    for k in range(K):
+        norm_row(hidden, heads.ln_weight[k], heads.ln_bias[k], w.eps, w.rmsnorm, normed[0])
+        linear(normed, heads.c_fc, k, heads.c_fc_bias[k, 0], inner)
+        activate(normed, heads.c_up, k, heads.c_up_bias, k, zero, inner, up)  # a head is expert 0 of slot k
+        linear(inner, heads.c_proj, k, heads.c_proj_bias[k], delta)
+        for c in range(C):
+            x[0, c] = hidden[c] + delta[0, c]
+        norm_row(x[0], w.ln_f_weight, w.ln_f_bias, w.eps, w.rmsnorm, normed[0])
+        linear(normed, w.lm_head, zero, w.lm_head_bias, logits[k : k + 1])
+
+
+@kernel(tag=FAST)
+def self_speculative_steps(tokens, position, w, heads, keys, values, drafts, chosen, counts):
+    """Self-speculative decoding at temperature 0 (gpt/generation/electives/self_speculative.py), its
+    rounds in one call: no Python between them.
+
+    tokens (1, n): the new tokens, at positions position .. position + n - 1 (the last is the token
+    the next round begins with); drafts (K,) the extra heads' guesses for the tokens after it, the
+    first counts[0] of them valid. Each round feeds the last token and k drafts through
+    `decode_step`, keeps the drafts that equal the next-token head's argmax, ends with that head's
+    argmax after them, and drafts again from the hidden state the argmax came from. Writes chosen
+    (steps,), the drafts for the token after the last chosen, and counts: (valid drafts, rounds,
+    proposed, accepted). The caller makes sure every fed position is inside the cache."""
+    n = tokens.shape[1]
+    steps, K = chosen.shape[0], drafts.shape[0]
+    V, C = w.lm_head_bias.shape[0], w.ln_1_weight.shape[1]
+    T = keys.shape[3]
+    dtype = w.ln_f_weight.dtype
+    head_logits = np.empty((K, V), dtype)
+    valid = counts[0]
+    produced = 0
+    while produced < steps:
+        k = min(valid, steps - produced - 1, T - position - n)  # T - position - n: the last fed position stays in the cache
+        # new arrays each round, not slices of bigger ones: a slice is another array type, another compile of decode_step
+        fed = np.empty((1, n + k), np.int64)
+        logits = np.empty((1, n + k, V), dtype)
+        hidden = np.empty((1, n + k, C), dtype)
+        for r in range(n):
+            fed[0, r] = tokens[0, r] if produced == 0 else chosen[produced - 1]
+        for i in range(k):
+            fed[0, n + i] = drafts[i]
+        decode_step(fed, position, w, keys, values, logits, hidden)
+        accepted = 0
+        while accepted < k and np.argmax(logits[0, n - 1 + accepted]) == drafts[accepted]:
+            chosen[produced] = drafts[accepted]
+            produced += 1
+            accepted += 1
+        last = n - 1 + accepted  # the row whose argmax ends the round
+        chosen[produced] = np.argmax(logits[0, last])
+        produced += 1
+        counts[1] += 1
+        counts[2] += k
+        counts[3] += accepted
+        draft_logits(hidden[0, last], w, heads, head_logits)
+        for i in range(K):
+            drafts[i] = np.argmax(head_logits[i])
+        valid = K
+        position += n + accepted
+        n = 1
+    counts[0] = valid
 
 
 @kernel(tag=FAST)

@@ -12,20 +12,51 @@ import numpy as np
 
 from microtensor import InputError
 
-from gpt.generation.decoder import Decoder, check_generation_options
+from gpt.generation.decoder import KERNEL_TOKENS, Decoder, check_generation_options
 
 
-def sampled_tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed):
+NOT_FINITE = "generate: the model's logits hold an inf or a nan (are its weights finite?)"
+
+
+def sampled_tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed, many_steps_per_call=False):
     """Yield (next token ids (B,), their logits (B, V)) one step at a time, from prompt (B, T) int64
-    (checked by the caller); see gpt/generation/decoder.py for the window rule past block_size."""
+    (checked by the caller); see gpt/generation/decoder.py for the window rule past block_size.
+
+    many_steps_per_call: at temperature 0 under the decode kernel, compute the greedy steps the
+    window holds in one kernel call (Decoder.feed_greedy) and then yield them, instead of one call
+    per step: the same tokens, without Python between the steps, for a caller that wants them all
+    (GPT.generate); a caller that shows each token as it comes keeps one step per call."""
     rng = np.random.default_rng(seed)
     with Decoder(model, prompt.shape[0], prompt.shape[1], use_kv_cache) as decoder:
         sequences = prompt
-        for _ in range(max_new_tokens):
-            logits = decoder.feed(sequences)[:, -1]  # (B, V): the last position predicts the next token
-            token = sample(logits, temperature, top_k, top_p, rng)
-            sequences = np.concatenate([sequences, token[:, None]], axis=1)
-            yield token, logits
+        produced = 0
+        while produced < max_new_tokens:
+            if many_steps_per_call and temperature == 0 and decoder.kernel is not None:
+                # greedy under the decode kernel: many steps in one call (Decoder.feed_greedy), no Python between them
+                chosen, logits = decoder.feed_greedy(sequences, greedy_steps(decoder, sequences.shape[1], max_new_tokens - produced))
+                finite = np.isfinite(logits).all(axis=(0, 2))  # (steps,): sample's check, step by step
+            else:
+                logits = decoder.feed(sequences)[:, -1:]  # (B, 1, V): the last position predicts the next token
+                chosen = sample(logits[:, 0], temperature, top_k, top_p, rng)[:, None]  # (B, 1)
+                finite = [True]  # checked by sample
+            sequences = np.concatenate([sequences, chosen], axis=1)
+            for step in range(chosen.shape[1]):
+                if not finite[step]:
+                    raise InputError(NOT_FINITE)
+                produced += 1
+                yield chosen[:, step], logits[:, step]
+
+
+def greedy_steps(decoder, length, wanted):
+    """How many greedy steps one kernel call takes from sequences of `length` tokens: all `wanted`
+    that the window holds without moving (the last token fed stays inside it), or 1 when the
+    window's new tokens are too many for the kernel (a long prompt, a rebuilt window), which then
+    go through the modules once."""
+    start = decoder.start_for(length)
+    fed = decoder.fed if start == decoder.start else 0  # a moved window is rebuilt from its start
+    if length - start - fed > KERNEL_TOKENS:
+        return 1
+    return min(wanted, decoder.block - (length - start) + 1)
 
 
 def sample(logits, temperature, top_k, top_p, rng):
@@ -33,7 +64,7 @@ def sample(logits, temperature, top_k, top_p, rng):
     draw from `token_distribution`: softmax(logits / temperature), restricted by `keep_top_k` and
     then `keep_top_p`."""
     if not np.isfinite(logits).all():
-        raise InputError("generate: the model's logits hold an inf or a nan (are its weights finite?)")
+        raise InputError(NOT_FINITE)
     if temperature == 0:
         return logits.argmax(axis=-1)
     check_generation_options("generate", 0, temperature, top_k, top_p, True, None)

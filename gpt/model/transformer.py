@@ -617,6 +617,6 @@ class GPT(nn.Module):
         """
         prompt = check_prompt("generate", idx, self.config.vocab_size)
         check_generation_options("generate", max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)
-        tokens = [t for t, _ in sampled_tokens(self, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed)]
+        tokens = [t for t, _ in sampled_tokens(self, prompt, max_new_tokens, temperature, top_k, top_p, use_kv_cache, seed, many_steps_per_call=True)]
         new = np.stack(tokens, axis=1) if tokens else np.zeros((prompt.shape[0], 0), dtype=np.int64)
         return mt.tensor(np.concatenate([prompt, new], axis=1))

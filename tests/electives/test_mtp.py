@@ -93,13 +93,16 @@ def test_mtp_1_is_the_baseline_and_counts_its_parameters():
         assert parameter_count(config) == GPT(config).num_parameters()
 
 
+@pytest.mark.parametrize("kernels", ["default", "readable"])
 @pytest.mark.parametrize("pos", ["learned", "rope"])
-def test_self_speculative_decoding_at_temperature_0_is_greedy_decoding(pos):
-    # block 8 and 40 tokens: the window moves several times inside the generation
+def test_self_speculative_decoding_at_temperature_0_is_greedy_decoding(pos, kernels):
+    # block 8 and 40 tokens: the window moves several times inside the generation; the readable
+    # set takes every round through the modules, the fast set through the decode kernel
     model = tiny_model(n=4, vocab=5, block=8, pos=pos, seed=1)  # a seed whose drafts are accepted and rejected
     prompt = np.array([[1, 2, 3]])
     greedy = model.generate(prompt, 40, temperature=0).numpy()[0, 3:]
-    tokens, stats = self_speculative_generate(model, prompt, 40, temperature=0)
+    with mt.using_kernels(mt.get_kernels() if kernels == "default" else kernels):
+        tokens, stats = self_speculative_generate(model, prompt, 40, temperature=0)
     np.testing.assert_array_equal(tokens, greedy)
     assert stats.generated == 40 and 0 < stats.accepted < stats.proposed and stats.rounds < 40
 
@@ -233,3 +236,44 @@ def test_the_memory_estimate_counts_the_extra_heads(options):
     assert 0.7 * kept <= estimate <= kept, (estimate, kept)
     plain = training_step_bytes(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=4, n_embd=16, mlp=config.mlp), B)
     assert training_step_bytes(config, B)["activations"] > plain["activations"]
+
+
+@pytest.mark.parametrize("options", [{}, {"mlp": "swiglu", "norm": "rmsnorm", "bias": True}], ids=["gelu", "swiglu-rmsnorm"])
+def test_the_decode_kernel_gives_the_trunk_s_output_and_the_extra_heads_logits(options):
+    """decode(..., hidden=True) returns the last layer's output as GPT.trunk computes it, and
+    decode_drafts each extra head's logits as head_logits computes them from it."""
+    from gpt.generation.decode_kernel import decode, decode_drafts, decode_weights, draft_heads
+
+    model = tiny_model(n=4, vocab=7, block=8, **options)
+    prompt = np.array([[1, 2, 3, 4]])
+    keys, values = model.new_cache_arrays(1)
+    logits, hidden = decode(decode_weights(model), prompt, 0, keys, values, hidden=True)  # (1, 4, V), (1, 4, C)
+    with mt.no_grad():
+        trunk = model.trunk(mt.tensor(prompt))  # (1, 4, C)
+        np.testing.assert_allclose(hidden, trunk.data, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(logits, model.logits_of(trunk).data, rtol=1e-10, atol=1e-12)
+        drafts = decode_drafts(decode_weights(model), draft_heads(model), hidden[0, 2])  # (3, V)
+        for k in range(2, 5):
+            expected = mtp.head_logits(model, trunk[:, 2:3], k).data[0, 0]
+            np.testing.assert_allclose(drafts[k - 2], expected, rtol=1e-10, atol=1e-12, err_msg=f"head {k}")
+
+
+@pytest.mark.parametrize("given", [[], [3, 0, 4]], ids=["no-drafts", "three-drafts"])
+def test_self_speculative_rounds_in_one_call_give_greedy_decoding_s_tokens_and_cache(given):
+    """decode_self_speculative (temperature 0, every round in one kernel call) chooses what
+    decode_greedy chooses, writes the same cache, and counts its rounds: rounds + accepted drafts
+    = tokens, and the proposed drafts fit in the cache."""
+    from gpt.generation.decode_kernel import decode_greedy, decode_self_speculative, decode_weights, draft_heads
+
+    model = tiny_model(n=4, vocab=5, block=12, seed=1)
+    weights, heads = decode_weights(model), draft_heads(model)
+    prompt = np.array([[1, 2, 3]])
+    keys, values = model.new_cache_arrays(1)
+    expected, _ = decode_greedy(weights, prompt, 0, 10, keys, values)  # fills the cache up to position 11
+    spec_keys, spec_values = model.new_cache_arrays(1)
+    chosen, drafts, (rounds, proposed, accepted) = decode_self_speculative(weights, heads, prompt, 0, 10, spec_keys, spec_values, given)
+    np.testing.assert_array_equal(chosen, expected[0])
+    np.testing.assert_allclose(spec_keys[:, :, :, :12], keys[:, :, :, :12], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(spec_values[:, :, :, :12], values[:, :, :, :12], rtol=1e-10, atol=1e-12)
+    assert rounds + accepted == 10 and 0 < accepted <= proposed and rounds < 10
+    assert drafts.shape == (3,) and 0 <= drafts.min() and drafts.max() < 5

@@ -10,10 +10,12 @@ each --mtp n; the val loss is the next-token head's, over 40 batches. Equal time
 step of each model is timed alternately (medians), and the baseline trains again for the steps
 that take it as long as --iters steps of model n (same recipe, the decay ending at its last step).
 
-Decoding: from each trained model with extra heads, --tokens tokens at temperature 0 after a
-newline, by plain greedy decoding (the fast set's one-token decode kernel, and through the modules
-with the KV cache, the path self-speculative decoding takes) and by self-speculative decoding
-(whose tokens must be greedy's: checked), the three timed in turns (medians of --repeat).
+Decoding: from each trained model with extra heads, at temperature 0 after a newline, as many
+tokens as fill the block (--tokens, if given, fewer), so that no window moves (a move rebuilds the
+cache through the modules, a cost that is neither side's): plain greedy decoding (GPT.generate:
+the decode kernel, and the modules with the KV cache) and self-speculative decoding (the decode
+kernel's rounds in one call; its tokens must be greedy's: checked), the three timed in turns
+(medians of --repeat, default 15).
 """
 import statistics
 import tempfile
@@ -64,6 +66,7 @@ def step_times(folders, repeat):
 def decoding(folder, tokens, repeat):
     """Plain greedy (kernel, modules) and self-speculative decoding of one model, timed in turns."""
     model = checkpoint.load_model(folder)[0]
+    tokens = min(tokens or model.config.block_size, model.config.block_size - 1)  # from 1 token to a full block
     prompt = np.array([[0]])
     results = {}
 
@@ -83,7 +86,9 @@ def decoding(folder, tokens, repeat):
         "same_tokens_as_greedy": bool(np.array_equal(results["self"], results["plain"])),
         "acceptance_rate": stats.acceptance_rate, "tokens_per_forward": stats.tokens_per_round,
         "proposed": stats.proposed, "accepted": stats.accepted,
+        "tokens": tokens,
         **{f"{name}_tokens_per_s": tokens / statistics.median(values) for name, values in times.items()},
+        "self_over_plain_by_round": statistics.median(p / s for p, s in zip(times["plain"], times["self"])),
     }  # fmt: skip
 
 
@@ -91,7 +96,7 @@ def options(p):
     p.add_argument("--data", default=str(TINYSHAKESPEARE), help="the text to train on")
     p.add_argument("--iters", type=int, default=200, help="training steps of each model")
     p.add_argument("--mtp", default="1,2,4", help="values of --mtp to train, comma-separated (1, the baseline, is added)")
-    p.add_argument("--tokens", type=int, default=200, help="tokens to generate in the decoding comparison")
+    p.add_argument("--tokens", type=int, default=0, help="tokens to generate in the decoding comparison (0: as many as fill the block)")
 
 
 def measure(args, machine):
@@ -121,7 +126,7 @@ def measure(args, machine):
             print(f"baseline for the time of --mtp {n}: {steps} steps, val loss {results['final_val_loss']:.4f}", flush=True)
         with mt.using_kernels("fast"):
             for n in heads[1:]:
-                decode_rows.append({"mtp": n, "tokens": args.tokens, **decoding(folders[n], args.tokens, args.repeat or 5)})
+                decode_rows.append({"mtp": n, **decoding(folders[n], args.tokens, args.repeat or 15)})
     recipe_text = {"iters": args.iters, "data": Path(args.data).name}
     return {"machine": machine, "recipe": recipe_text, "training": rows, "equal_time": equal_time, "decoding": decode_rows}
 

@@ -25,9 +25,15 @@ decoding's, token for token.
 
 The window rule is the Decoder's (gpt/generation/decoder.py): a round drafts few enough tokens that
 the window does not move inside it, so every position is scored over the window plain generation
-gives it. The forward goes through the modules (`GPT.trunk` with the KV cache), never through the
-fast set's one-token decode kernel, which returns logits only: a kernel path would have to return
-the last layer's hidden state (before ln_f) beside the logits and run the extra heads' MLPs on it.
+gives it.
+
+Under the fast kernel set, a round's forward is one call of the decode kernel
+(gpt/generation/decode_kernel.py), which returns the last layer's output beside the logits, and the
+extra heads run on it in a kernel of their own (`draft_logits`). At temperature 0 there is nothing
+to draw, so the rounds themselves run inside one kernel call (`decode_self_speculative`), for as
+many tokens as the window holds without moving: no Python between the rounds, which is what lets
+the drafts pay against the kernel's plain greedy loop. Otherwise (the readable set, a model the
+kernel does not cover, a prompt of many tokens) the trunk goes through the modules with the KV cache.
 """
 
 import numpy as np
@@ -35,7 +41,7 @@ import numpy as np
 import microtensor as mt
 from microtensor import InputError, InputTypeError
 
-from gpt.generation.decoder import SINGLE_THREAD_TOKENS, Decoder, check_generation_options, check_one_sequence
+from gpt.generation.decoder import KERNEL_TOKENS, SINGLE_THREAD_TOKENS, Decoder, check_generation_options, check_one_sequence
 from gpt.generation.electives.speculative import SpeculativeStats, accept_or_resample, draw
 from gpt.generation.sampling import token_distribution
 from gpt.model.electives.mtp import head_logits
@@ -45,20 +51,39 @@ from gpt.model.transformer import GPT
 class HiddenStateDecoder(Decoder):
     """The Decoder, whose `feed_hidden` also returns the trunk's output: the extra heads read it."""
 
+    def __init__(self, model, batch, prompt_length, use_kv_cache=True):
+        super().__init__(model, batch, prompt_length, use_kv_cache)
+        # the extra heads in the decode kernel's form, when the kernel runs this model
+        self.kernel_heads = None if self.kernel is None else self.kernel.draft_heads(model)
+
     def feed_hidden(self, sequences):
-        """sequences (1, n): every token so far. As Decoder.feed, through the modules with the KV
-        cache: returns (logits (1, m, V), hidden (1, m, C)) of the m positions not yet in the cache."""
+        """sequences (1, n): every token so far. As Decoder.feed, with the KV cache: returns
+        (logits (1, m, V), hidden (1, m, C)) of the m positions not yet in the cache, arrays."""
         n = sequences.shape[1]
         self.advance(n)
         new_tokens = sequences[:, self.start :][:, self.fed :]  # (1, m)
-        for cache in self.caches:
-            cache.length = self.fed  # a moved window or a rollback starts writing here
-        # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
-        with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
-            hidden = self.model.trunk(mt.tensor(new_tokens), self.caches, self.fed)  # (1, m, C)
-            logits = self.model.logits_of(hidden).data  # (1, m, V)
+        if self.kernel is not None and new_tokens.shape[1] <= KERNEL_TOKENS:
+            logits, hidden = self.kernel.decode(self.kernel_weights, new_tokens, self.fed, self.keys, self.values, hidden=True)
+        else:
+            for cache in self.caches:
+                cache.length = self.fed  # a moved window or a rollback starts writing here
+            # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
+            with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
+                hidden = self.model.trunk(mt.tensor(new_tokens), self.caches, self.fed)  # (1, m, C)
+                logits = self.model.logits_of(hidden).data  # (1, m, V)
+            hidden = hidden.data
         self.fed += new_tokens.shape[1]
+        for cache in self.caches:
+            cache.length = self.fed
         return logits, hidden
+
+    def head_logits(self, hidden):
+        """The extra heads' logits (mtp - 1, V) from one position's trunk output, hidden (C,)."""
+        if self.kernel_heads is not None:
+            return self.kernel.decode_drafts(self.kernel_weights, self.kernel_heads, hidden)
+        with mt.num_threads(1):  # one position: too little work to share
+            row = mt.tensor(hidden[None, None])  # (1, 1, C)
+            return np.concatenate([head_logits(self.model, row, k).data[0] for k in range(2, self.model.config.mtp + 1)])
 
 
 class SelfSpeculativeDecoder:
@@ -95,7 +120,7 @@ class SelfSpeculativeDecoder:
         # the cache keeps x_m and the accepted drafts; the token the round ends with is fed next round
         keep = m + accepted
         self.cache.rollback(keep)
-        self.draft_from(hidden[:, hidden.shape[1] - (k + 1) + accepted :][:, :1])  # h at position keep - 1
+        self.draft_from(hidden[0, hidden.shape[1] - (k + 1) + accepted])  # h at position keep - 1
         self.sequence = np.concatenate([self.sequence, np.array([new], dtype=np.int64)], axis=1)
         self.stats.rounds += 1
         self.stats.proposed += k
@@ -103,17 +128,39 @@ class SelfSpeculativeDecoder:
         self.stats.generated += len(new)
         return new
 
+    def greedy_rounds(self, limit):
+        """At temperature 0 under the decode kernel: rounds in one kernel call, for as many tokens
+        (at most `limit`) as the window holds without moving; returns them, or None when the kernel
+        cannot take this step (then `round` does)."""
+        cache = self.cache
+        m = self.sequence.shape[1]
+        cache.advance(m)
+        new_tokens = self.sequence[:, cache.start + cache.fed :]  # (1, n): the last is not in the cache yet
+        if cache.kernel_heads is None or new_tokens.shape[1] > KERNEL_TOKENS:
+            return None
+        steps = min(limit, cache.block - (m - cache.start) + 1)  # the last token fed stays inside the window
+        chosen, drafts, (rounds, proposed, accepted) = cache.kernel.decode_self_speculative(
+            cache.kernel_weights, cache.kernel_heads, new_tokens, cache.fed, steps, cache.keys, cache.values, self.drafts
+        )
+        cache.fed += new_tokens.shape[1] + steps - 1
+        for layer_cache in cache.caches:
+            layer_cache.length = cache.fed
+        self.drafts = [int(d) for d in drafts]
+        self.q = np.zeros((len(self.drafts), self.model.config.vocab_size))
+        self.q[np.arange(len(self.drafts)), drafts] = 1  # temperature 0: each draft's distribution is one-hot
+        self.sequence = np.concatenate([self.sequence, chosen[None]], axis=1)
+        self.stats.rounds += rounds
+        self.stats.proposed += proposed
+        self.stats.accepted += accepted
+        self.stats.generated += steps
+        return list(chosen)
+
     def draft_from(self, hidden):
-        """The extra heads' drafts from one hidden state (1, 1, C): head k proposes the token k places
+        """The extra heads' drafts from one hidden state (C,): head k proposes the token k places
         past it, so head 2 the one after the token this round ends with."""
-        self.drafts, rows = [], []
-        for k in range(2, self.model.config.mtp + 1):
-            with mt.num_threads(1):  # one position: too little work to share
-                logits = head_logits(self.model, hidden, k).data[0]  # (1, V)
-            q = token_distribution(logits, *self.options)[0]  # (V,)
-            rows.append(q)
-            self.drafts.append(draw(q, self.rng))
-        self.q = np.array(rows).reshape(len(rows), self.model.config.vocab_size)
+        q = token_distribution(self.cache.head_logits(hidden), *self.options)  # (mtp - 1, V)
+        self.drafts = [draw(row, self.rng) for row in q]
+        self.q = q
 
 
 def _check(where, model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed):
@@ -142,7 +189,8 @@ def _tokens(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stat
     with decoder.cache:  # evaluation mode, without gradients
         produced = 0
         while produced < max_new_tokens:
-            for token in decoder.round(max_new_tokens - produced):
+            new = decoder.greedy_rounds(max_new_tokens - produced) if temperature == 0 else None
+            for token in decoder.round(max_new_tokens - produced) if new is None else new:
                 produced += 1
                 yield int(token)
 
