@@ -1,7 +1,7 @@
 """The selective state-space model: the scan (microtensor/ops/electives/selective_scan.py) by plain
 loops and against its numpy reference, readable and fast kernels against each other, its errors;
-and the SSM block (gpt/model/electives/ssm.py): generation's recurrence against the full-sequence
-forward, the flags it refuses, checkpoints. Tests taking `kernel_set` run once with each kernel set.
+and the SSM block (gpt/model/electives/ssm.py): its parameters, its initialization, the options and
+flags it refuses. Tests taking `kernel_set` run once with each kernel set.
 Its gradcheck and JVP cases run with every op's (tests/test_gradcheck_cases.py, test_forward_mode.py)."""
 import math
 
@@ -10,10 +10,14 @@ import pytest
 
 import microtensor as mt
 import microtensor.functional as F
+import train
 from microtensor import InputError, InputTypeError
 from microtensor.ops.electives import selective_scan
 from microtensor.ops.electives.selective_scan import selective_scan_reference
+from gpt.model.electives.ssm import softplus
+from gpt.model.transformer import GPT, ConfigError, GPTConfig, parameter_count
 from helpers import AGREE, kernel_pair, randn
+from test_programs import TINY, corpus, said  # noqa: F401 (corpus is a fixture)
 
 
 def scan_problem(dtype=np.float64, batch=2, T=6, channels=5, N=3, seed=0):
@@ -103,3 +107,53 @@ def test_scan_errors_name_the_argument():
         F.selective_scan(x, delta.numpy(), A, B, C)
     with pytest.raises(InputTypeError, match=r"selective_scan: inputs have different dtypes"):
         F.selective_scan(x, delta.to(mt.float32), A, B, C)
+
+
+# --------------------------------------------------------------------------------- the block and the model
+
+
+def ssm_model(dtype=mt.float64, **options):
+    mt.manual_seed(0)
+    fields = dict(vocab_size=11, block_size=12, n_layer=2, n_head=2, n_embd=8, mixer="ssm", d_state=3, d_conv=3)
+    return GPT(GPTConfig(**{**fields, **options}), dtype=dtype)
+
+
+def test_the_model_counts_its_parameters_and_starts_as_published():
+    model = ssm_model()
+    assert model.config.pos == "none" and "transformer.wpe.weight" not in dict(model.named_parameters())
+    assert model.num_parameters() == parameter_count(model.config)
+    mixer = model.transformer.h[0].ssm
+    np.testing.assert_allclose(-np.exp(mixer.A_log.data[3]), [-1.0, -2.0, -3.0], rtol=1e-15)  # A = -(1 .. N): the S4D-real decays
+    np.testing.assert_array_equal(mixer.D.data, 1.0)
+    dt = softplus(mixer.dt_proj.bias).numpy()  # the initial Δ with a zero input: log-uniform in [0.001, 0.1]
+    assert 0.001 <= dt.min() and dt.max() <= 0.1
+
+
+@pytest.mark.parametrize(
+    "fields, field, message",
+    [
+        (dict(n_kv_head=1), "n_kv_head", "n_kv_head \\(1\\) is attention's"),
+        (dict(attention="online"), "attention", "attention online is attention's kernel"),
+        (dict(pos="rope"), "pos", "pos rope acts inside attention"),
+        (dict(pos="alibi"), "pos", "pos alibi acts inside attention"),
+        (dict(d_state=0), "d_state", "d_state must be a positive integer"),
+    ],
+    ids=["n_kv_head", "online", "rope", "alibi", "d_state"],
+)
+def test_options_only_attention_has_are_refused(fields, field, message):
+    with pytest.raises(ConfigError, match="GPTConfig: " + message) as error:
+        GPTConfig(vocab_size=5, n_head=2, n_embd=8, mixer="ssm", **fields)
+    assert error.value.field == field
+    with pytest.raises(ConfigError, match="pos none needs mixer ssm"):
+        GPTConfig(vocab_size=5, pos="none")
+
+
+def test_flags_only_attention_has_are_refused_naming_the_flag(tmp_path, corpus, capsys):
+    for flags, named in (
+        (["--mixer", "ssm", "--n-kv-head", "1"], "--n-kv-head: given 1, expected no --n-kv-head with --mixer ssm"),
+        (["--mixer", "ssm", "--attention", "online"], "--attention: given online, expected no --attention with --mixer ssm"),
+        (["--mixer", "ssm", "--pos", "rope"], "--pos: given rope, expected none (the default with --mixer ssm)"),
+        (["--d-state", "8"], "--d-state: given 8 without --mixer ssm"),
+    ):
+        assert train.main(["--data", corpus, "--out-dir", str(tmp_path / "out"), *TINY, "--max-iters", "1", *flags]) == 1
+        assert named in said(capsys)
