@@ -231,6 +231,10 @@ def train(args, explicit=None):
         }  # fmt: skip
         if config.mtp > 1:
             results["final_val_head_losses"] = losses["val_heads"]
+        if config.mixer == "ssm":
+            from gpt.model.electives.ssm import state_bytes
+
+            results["ssm_state_bytes"] = state_bytes(model)
         if config.mlp == "moe":
             results["expert_share"] = (tokens_per_expert / np.maximum(tokens_per_expert.sum(axis=1, keepdims=True), 1)).tolist()
         show_results(results, args)
@@ -312,7 +316,10 @@ def show_results(results, args):
         table.add_row("trainable parameters", f"{trained:,} of {total:,} ({100 * trained / total:.2f}%)")
         if results["initial_val_loss"] is not None:
             table.add_row("val loss before fine-tuning", with_perplexity(results["initial_val_loss"]))
-    table.add_row("KV cache per token (generation)", f"{results['kv_cache_bytes_per_token']:,} bytes")
+    if "ssm_state_bytes" in results:  # --mixer ssm: a state of one size, whatever the length
+        table.add_row("SSM state (generation)", f"{results['ssm_state_bytes']:,} bytes per sequence, at any length")
+    else:
+        table.add_row("KV cache per token (generation)", f"{results['kv_cache_bytes_per_token']:,} bytes")
     if "final_val_head_losses" in results:
         table.add_row("final val loss of each head\n(tokens 1 .. --mtp ahead)", " ".join(f"{v:.4f}" for v in results["final_val_head_losses"]))
     if "expert_share" in results:

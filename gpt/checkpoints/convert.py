@@ -166,6 +166,11 @@ def export_checkpoint(out_dir, path, force=False, merge_lora=False):
     if merge_lora and "lora" not in meta:
         raise ConvertError(f"--merge-lora: given with {source}, expected a LoRA fine-tuning's checkpoint (train.py --lora-rank): this one has no adapters to merge")
     config = GPTConfig(**meta["config"])
+    if config.mixer == "ssm":
+        raise ConvertError(
+            f"{source} is a state-space model (train.py --mixer ssm); the export is read by nanoGPT's layout and "
+            "gpt/checkpoints/torch_gpt.py, which have attention blocks only: an SSM cannot be exported to PyTorch"
+        )
     vocab = meta["vocab"]
     if merge_lora:
         model = checkpoint.load_model(out_dir, merge=True)[0]  # its base, found and checked by its sha256

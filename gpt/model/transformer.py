@@ -26,7 +26,8 @@ The options combine freely, but for checkpointing with experts (their load-balan
 the block's graph).
 
 Generation (`generate`, `generate_tokens`) samples over a Decoder (gpt/generation/sampling.py,
-gpt/generation/decoder.py), which keeps each layer's keys and values in a `KVCache` (below) so that a new
+gpt/generation/decoder.py), which keeps each layer's keys and values in a `KVCache` (below; a state of
+fixed size in an `SSMCache` with `mixer` ssm, gpt/model/electives/ssm.py) so that a new
 token costs one token's work, and applies the context window rule past block_size. With caches,
 `forward` takes the new tokens at positions offset .. offset + T - 1 of the window.
 
@@ -563,8 +564,11 @@ class GPT(nn.Module):
         return np.stack([block.mlp.tokens_per_expert for block in self.transformer.h])
 
     def kv_cache_bytes_per_token(self):
-        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers."""
+        """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers
+        (0 with `mixer` ssm, whose state has one size at every length: gpt/model/electives/ssm.py, state_bytes)."""
         c = self.config
+        if c.mixer == "ssm":
+            return 0
         return 2 * c.n_layer * c.n_kv_head * (c.n_embd // c.n_head) * self.transformer.wte.weight.dtype.itemsize
 
     def _check_caches(self, caches, batch, offset):
@@ -572,6 +576,10 @@ class GPT(nn.Module):
         `offset` positions before the new tokens (else the new keys would land at other positions
         than the ones their queries are given)."""
         c = self.config
+        if c.mixer == "ssm":
+            from gpt.model.electives.ssm import check_caches
+
+            return check_caches(self, caches, batch, offset)
         if not isinstance(caches, (list, tuple)) or len(caches) != c.n_layer or not all(isinstance(x, KVCache) for x in caches):
             raise InputTypeError(f"GPT: caches must be a list of {c.n_layer} KVCaches (from new_caches), got {caches!r:.80}")
         shape = (batch, c.n_kv_head, None, c.n_embd // c.n_head)
@@ -596,13 +604,19 @@ class GPT(nn.Module):
         if not is_integer(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
+        if c.mixer == "ssm":
+            return None  # each layer keeps a state of its own (new_caches)
         dtype = self.transformer.wte.weight.dtype
         keys = np.zeros((c.n_layer, batch, c.n_kv_head, c.block_size, c.n_embd // c.n_head), dtype=dtype)
         return keys, np.zeros_like(keys)
 
     def new_caches(self, batch, arrays=None):
         """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, Hk, block_size, D),
-        or over new zeroed ones."""
+        or over new zeroed ones. With `mixer` ssm: one SSMCache per layer (gpt/model/electives/ssm.py)."""
+        if self.config.mixer == "ssm":
+            from gpt.model.electives.ssm import new_caches
+
+            return new_caches(self, batch)
         keys, values = self.new_cache_arrays(batch) if arrays is None else arrays
         return [KVCache(k, v) for k, v in zip(keys, values)]
 

@@ -1,7 +1,7 @@
 """The selective state-space model: the scan (microtensor/ops/electives/selective_scan.py) by plain
 loops and against its numpy reference, readable and fast kernels against each other, its errors;
 and the SSM block (gpt/model/electives/ssm.py): its parameters, its initialization, the options and
-flags it refuses. Tests taking `kernel_set` run once with each kernel set.
+flags it refuses, generation's recurrence against the full-sequence forward, rollback, checkpoints. Tests taking `kernel_set` run once with each kernel set.
 Its gradcheck and JVP cases run with every op's (tests/test_gradcheck_cases.py, test_forward_mode.py)."""
 import math
 
@@ -10,11 +10,15 @@ import pytest
 
 import microtensor as mt
 import microtensor.functional as F
+import generate
 import train
 from microtensor import InputError, InputTypeError
 from microtensor.ops.electives import selective_scan
 from microtensor.ops.electives.selective_scan import selective_scan_reference
-from gpt.model.electives.ssm import softplus
+from gpt.checkpoints import checkpoint, convert
+from gpt.generation import decode_kernel
+from gpt.generation.decoder import Decoder
+from gpt.model.electives.ssm import SSMCache, softplus, state_bytes
 from gpt.model.transformer import GPT, ConfigError, GPTConfig, parameter_count
 from helpers import AGREE, kernel_pair, randn
 from test_programs import TINY, corpus, said  # noqa: F401 (corpus is a fixture)
@@ -129,6 +133,60 @@ def test_the_model_counts_its_parameters_and_starts_as_published():
     assert 0.001 <= dt.min() and dt.max() <= 0.1
 
 
+@pytest.mark.parametrize("pieces", [[1] * 9, [4, 1, 3, 1], [9]], ids=["one-at-a-time", "several", "all-at-once"])
+def test_the_recurrence_equals_the_full_forward(pieces, kernel_set):
+    """Tokens fed through the caches, one at a time or several at once, give the logits of one
+    forward over the whole sequence: the state (conv inputs, scan state) is all the past there is."""
+    model = ssm_model().eval()
+    idx = np.random.default_rng(1).integers(0, 11, (2, 9))
+    with mt.no_grad():
+        full = model(idx)[0].numpy()
+        caches, offset, logits = model.new_caches(2), 0, []
+        for n in pieces:
+            logits.append(model(idx[:, offset : offset + n], caches=caches, offset=offset)[0].numpy())
+            offset += n
+    np.testing.assert_allclose(np.concatenate(logits, axis=1), full, rtol=1e-12, atol=1e-12)
+    assert all(isinstance(c, SSMCache) and c.length == 9 for c in caches)
+
+
+def test_generation_runs_through_the_modules_and_its_state_does_not_grow(kernel_set):
+    model = ssm_model(dtype=mt.float32)
+    assert model.new_cache_arrays(2) is None and not decode_kernel.can_run(model)
+    assert not decode_kernel.can_run(ssm_model(dtype=mt.float32, pos="learned"))
+    with Decoder(model, 2, 3) as decoder:
+        assert decoder.kernel is None
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    cached = model.generate(prompt, 20, temperature=0).numpy()  # 23 tokens: the window moves past block_size 12
+    np.testing.assert_array_equal(cached, model.generate(prompt, 20, temperature=0, use_kv_cache=False).numpy())
+    # per layer: d_conv - 1 inputs of Di = 16 and a (Di, N) state, float32, at any length
+    assert state_bytes(model) == 2 * (2 * 16 + 16 * 3) * 4 and model.kv_cache_bytes_per_token() == 0
+
+
+def test_a_rollback_returns_to_a_kept_state_or_says_why_it_cannot(kernel_set):
+    """Speculative decoding feeds k + 1 tokens and keeps the accepted ones: a state per position of
+    the last feed is kept for it. Further back, a state of fixed size cannot go."""
+    model = ssm_model().eval()
+    idx = np.random.default_rng(2).integers(0, 11, (1, 8))
+    with Decoder(model, 1, 3) as decoder:
+        decoder.feed(idx[:, :3])
+        decoder.feed(idx[:, :7])  # 4 new tokens
+        decoder.rollback(5)
+        again = decoder.feed(idx[:, :8])  # the tokens 5 .. 7 once more, from the state after 5
+        with mt.no_grad():
+            expected = model(idx)[0].numpy()[:, 5:]
+        np.testing.assert_allclose(again, expected, rtol=1e-12, atol=1e-12)
+        with pytest.raises(InputError, match=r"SSMCache: cannot go back from 8 tokens to 2: .*keeps one state"):
+            decoder.rollback(2)
+
+
+def test_beam_search_reorders_the_states(kernel_set):
+    cache = SSMCache(3, 4, 2, 3, np.float64)
+    cache.conv_state[...] = np.arange(3)[:, None, None]
+    cache.ssm_state[...] = np.arange(3)[:, None, None]
+    other = cache.reordered(np.array([2, 2, 0, 1]))
+    assert other.ssm_state[:, 0, 0].tolist() == [2, 2, 0, 1] and other.conv_state[:, 0, 0].tolist() == [2, 2, 0, 1]
+
+
 @pytest.mark.parametrize(
     "fields, field, message",
     [
@@ -157,3 +215,30 @@ def test_flags_only_attention_has_are_refused_naming_the_flag(tmp_path, corpus, 
     ):
         assert train.main(["--data", corpus, "--out-dir", str(tmp_path / "out"), *TINY, "--max-iters", "1", *flags]) == 1
         assert named in said(capsys)
+
+
+def parameters(folder):
+    model_state, _, meta = checkpoint.load(folder / "out")
+    return model_state, meta
+
+
+@pytest.mark.slow
+def test_an_ssm_run_resumes_exactly_generates_and_refuses_export(tmp_path, corpus, capsys):
+    def run(folder, *extra):
+        return train.main(["--data", corpus, "--out-dir", str(tmp_path / folder / "out"), *TINY, "--mixer", "ssm", "--d-state", "4", "--eval-interval", "3", *extra])
+
+    assert run("whole", "--max-iters", "6") == 0
+    assert "SSM state (generation)" in said(capsys)
+    assert run("halves", "--max-iters", "3") == 0
+    assert run("halves", "--max-iters", "6", "--resume") == 0
+    (whole, meta), (resumed, _) = parameters(tmp_path / "whole"), parameters(tmp_path / "halves")
+    assert meta["config"]["mixer"] == "ssm" and meta["config"]["pos"] == "none"
+    for name in whole:
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+    out = str(tmp_path / "whole" / "out")
+    capsys.readouterr()
+    assert generate.main(["--out-dir", out, "--prompt", "the", "--max-new-tokens", "30", "--temperature", "0"]) == 0
+    assert "through the modules" in said(capsys)
+    assert convert.main([out, str(tmp_path / "model.npz")]) == 1
+    printed = capsys.readouterr()
+    assert "an SSM cannot be exported to PyTorch" in " ".join((printed.out + printed.err).split())

@@ -34,7 +34,10 @@ Conv1d of d_conv taps per channel). in_proj and x_proj are drawn like every GPT 
 out_proj like the other residual projections, N(0, 0.02 / sqrt(2 n_layer)) (Mamba rescales it by
 the depth too).
 
-Positions: the scan reads the tokens in order, so the model needs no position encoding
+Generation runs the block as a recurrence (`SSMCache`): per layer the last d_conv - 1 inputs of the
+convolution (B, d_conv - 1, Di) and the scan's state (B, Di, N), whatever the length, against
+attention's keys and values for every position. A step of several tokens (a prompt) runs them in
+one scan. Positions: the scan reads the tokens in order, so the model needs no position encoding
 (`pos` none, the default with `mixer` ssm).
 """
 import math
@@ -46,6 +49,7 @@ import microtensor.functional as F
 from microtensor import InputError, nn
 
 DT_MIN, DT_MAX = 0.001, 0.1  # the range of the initial step sizes Δ (log-uniform)
+STEPS_KEPT = 16  # a feed of at most this many tokens keeps the state after each, so that a rollback can return to it
 
 
 def dt_rank(config):
@@ -74,6 +78,34 @@ def ssm_activations_per_token(config):
     return 2 * Di + 2 * K * Di + Di + R + 2 * N + 6 * Di + Di * N + Di + 2 * Di + C
 
 
+def new_caches(model, batch):
+    """One empty SSMCache per layer of `model`, for `batch` sequences."""
+    mixer = model.transformer.h[0].ssm
+    dtype = model.transformer.wte.weight.dtype
+    return [SSMCache(batch, mixer.d_inner, mixer.d_state, mixer.d_conv, dtype) for _ in model.transformer.h]
+
+
+def state_bytes(model, batch=1):
+    """Bytes of state generation keeps for `batch` sequences, at any length: per layer the
+    convolution's last d_conv - 1 inputs and the scan's state (B, Di, N)."""
+    return sum(cache.nbytes() for cache in new_caches(model, batch))
+
+
+def check_caches(model, caches, batch, offset):
+    """The caches a forward continues: one SSMCache per layer, for this batch, having read `offset` tokens."""
+    n_layer = model.config.n_layer
+    if not isinstance(caches, (list, tuple)) or len(caches) != n_layer or not all(isinstance(c, SSMCache) for c in caches):
+        raise InputError(f"GPT: caches must be a list of {n_layer} SSMCaches (from new_caches), got {caches!r:.80}")
+    for layer, cache in enumerate(caches):
+        if cache.ssm_state.shape[0] != batch:
+            raise InputError(f"GPT: the cache of layer {layer} holds {cache.ssm_state.shape[0]} sequences, expected {batch}")
+        if cache.length != offset:
+            raise InputError(
+                f"GPT: offset is {offset}, but the cache of layer {layer} has read {cache.length} tokens; "
+                "the new tokens must continue where the cache ends"
+            )
+
+
 def softplus(z):
     """log(1 + e^z), written as relu(z) + log(1 + e^-|z|) so that e^z never overflows."""
     magnitude = F.relu(z) + F.relu(-z)  # |z|
@@ -81,7 +113,8 @@ def softplus(z):
 
 
 class SelectiveSSM(nn.Module):
-    """The SSM mixer of one block: (B, T, C) -> (B, T, C)."""
+    """The SSM mixer of one block: (B, T, C) -> (B, T, C). With a cache (SSMCache), the tokens
+    continue the sequence the cache holds."""
 
     # the one-token decode kernel (gpt/generation/decode_kernel.py) computes attention blocks only:
     # a model with this mixer generates through the modules (decode_kernel.can_run asks every module)
@@ -130,13 +163,88 @@ class SelectiveSSM(nn.Module):
         Di, N, K, R = self.d_inner, self.d_state, self.d_conv, self.dt_rank
         xz = self.in_proj(x)  # (B, T, 2 Di)
         x, z = xz[..., :Di], xz[..., Di:]
+        history = mt.tensor(np.zeros((B, K - 1, Di), dtype=x.dtype)) if cache is None else mt.tensor(cache.conv_state)
         if cache is not None:
-            raise InputError("SelectiveSSM: generation with a cache is not supported yet; use use_kv_cache=False")
-        history = mt.tensor(np.zeros((B, K - 1, Di), dtype=x.dtype))
+            cache.keep_inputs(x.data)
         x = F.silu(self.causal_conv(x, history))  # (B, T, Di)
         dbc = self.x_proj(x)  # (B, T, R + 2 N)
         delta = softplus(self.dt_proj(dbc[..., :R]))  # (B, T, Di)
         B_, C_ = dbc[..., R : R + N], dbc[..., R + N :]  # (B, T, N) each
         A = -F.exp(self.A_log)  # (Di, N)
-        y = F.selective_scan(x, delta, A, B_, C_, self.D)  # (B, T, Di)
+        if cache is None:
+            y = F.selective_scan(x, delta, A, B_, C_, self.D)  # (B, T, Di)
+        else:
+            y = cache.scan(x, delta, A, B_, C_, self.D)
         return self.dropout(self.out_proj(y * F.silu(z)))
+
+
+class SSMCache:
+    """One layer's state for generation with an SSM mixer: the convolution's last K - 1 inputs
+    (B, K - 1, Di) and the scan's state h (B, Di, N): the same size at every length.
+
+    `length` is how many tokens it has read. The Decoder lowers it to forget tokens: to 0 (a new
+    window) it starts over from zeros; to a length inside the last feed of at most STEPS_KEPT
+    tokens (speculative decoding's rejected drafts) it returns to the state it kept there; any
+    other length cannot be recovered from a state of fixed size, and is an error."""
+
+    def __init__(self, batch, d_inner, d_state, d_conv, dtype):
+        self.conv_state = np.zeros((batch, d_conv - 1, d_inner), dtype=dtype)  # (B, K - 1, Di)
+        self.ssm_state = np.zeros((batch, d_inner, d_state), dtype=dtype)  # (B, Di, N)
+        self._length = 0
+        self.kept = {0: (self.conv_state.copy(), self.ssm_state.copy())}  # length -> states, for rollback
+
+    @property
+    def length(self):
+        return self._length
+
+    @length.setter
+    def length(self, value):
+        if value == self._length:
+            return
+        if value == 0:
+            self.conv_state[...] = 0
+            self.ssm_state[...] = 0
+        elif value in self.kept:
+            conv_state, ssm_state = self.kept[value]
+            self.conv_state[...], self.ssm_state[...] = conv_state, ssm_state
+        else:
+            raise InputError(
+                f"SSMCache: cannot go back from {self._length} tokens to {value}: a state-space model keeps one "
+                f"state, not one per position; it can return only to 0 or to a length it kept ({sorted(self.kept)})"
+            )
+        self._length = value
+        self.kept = {value: (self.conv_state.copy(), self.ssm_state.copy())}
+
+    def keep_inputs(self, x):
+        """Before the convolution reads them: the convolution's inputs (B, T, Di) of the new tokens."""
+        self.inputs = np.concatenate([self.conv_state, x], axis=1)  # (B, K - 1 + T, Di)
+
+    def scan(self, x, delta, A, B, C, D):
+        """The selective scan of the new tokens from the kept state, which it advances to their end.
+        A few tokens are scanned one at a time, keeping the state after each (for a rollback)."""
+        T, K = x.shape[1], self.conv_state.shape[1] + 1
+        start = self._length
+        self.kept = {start: (self.conv_state.copy(), self.ssm_state.copy())}
+        if T > STEPS_KEPT:
+            y = F.selective_scan(x, delta, A, B, C, D, state=self.ssm_state)
+        else:
+            pieces = []
+            for t in range(T):
+                pieces.append(F.selective_scan(x[:, t : t + 1], delta[:, t : t + 1], A, B[:, t : t + 1], C[:, t : t + 1], D, state=self.ssm_state))
+                self.kept[start + t + 1] = (self.inputs[:, t + 1 : t + K].copy(), self.ssm_state.copy())
+            y = F.concat(pieces, dim=1)
+        self.conv_state[...] = self.inputs[:, self.inputs.shape[1] - (K - 1) :]
+        self._length = start + T
+        return y
+
+    def reordered(self, rows):
+        """A cache whose row r is row rows[r] of this one (beam search)."""
+        batch, (_, d_inner, d_state) = len(rows), self.ssm_state.shape
+        other = SSMCache(batch, d_inner, d_state, self.conv_state.shape[1] + 1, self.ssm_state.dtype)
+        other.conv_state[...], other.ssm_state[...] = self.conv_state[rows], self.ssm_state[rows]
+        other._length = self._length
+        other.kept = {length: (conv[rows], ssm[rows]) for length, (conv, ssm) in self.kept.items()}
+        return other
+
+    def nbytes(self):
+        return self.conv_state.nbytes + self.ssm_state.nbytes
