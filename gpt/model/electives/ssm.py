@@ -32,7 +32,8 @@ decays), D = 1, dt_proj's bias the inverse softplus of Δ drawn log-uniformly in
 weight uniform in ±R^-1/2, the convolution uniform in ±d_conv^-1/2 (PyTorch's default for a
 Conv1d of d_conv taps per channel). in_proj and x_proj are drawn like every GPT weight, N(0, 0.02);
 out_proj like the other residual projections, N(0, 0.02 / sqrt(2 n_layer)) (Mamba rescales it by
-the depth too).
+the depth too). One difference: train.py's AdamW decays every matrix (nanoGPT's rule), A_log
+and the convolution's weights among them, which pulls A toward -1; Mamba exempts A_log and D.
 
 Generation runs the block as a recurrence (`SSMCache`): per layer the last d_conv - 1 inputs of the
 convolution (B, d_conv - 1, Di) and the scan's state (B, Di, N), whatever the length, against
@@ -66,7 +67,7 @@ def ssm_parameter_count(config):
     x_proj = Di * (R + 2 * N)
     dt_proj = R * Di + Di
     out_proj = Di * C + bias * C
-    return in_proj + conv + x_proj + dt_proj + Di * N + Di + out_proj  # ... + A_log + D + out_proj
+    return in_proj + conv + x_proj + dt_proj + Di * N + Di + out_proj  # A_log (Di, N) and D (Di,) beside the layers
 
 
 def ssm_activations_per_token(config):
