@@ -26,14 +26,14 @@ def _selective_scan(draw):
     batch, T, channels, N = (draw.integer(0 if draw.rarely() else 1, 3) for _ in range(4))
     dtype = draw.float_dtype()
     shapes = {"x": (batch, T, channels), "delta": (batch, T, channels), "A": (channels, N), "B": (batch, T, N), "C": (batch, T, N), "D": (channels,)}
-    if draw.one_in(10):
-        name = draw.choice(tuple(shapes))
-        shapes[name] = shapes[name] + (1,) if draw.boolean() else shapes[name][:-1] + (shapes[name][-1] + 1,)
-        draw.mark_invalid(f"{name} of shape {shapes[name]}")
+    misshapen = draw.choice(tuple(shapes)) if draw.one_in(10) else None
+    if misshapen is not None:
+        shapes[misshapen] = shapes[misshapen] + (1,) if draw.boolean() else shapes[misshapen][:-1] + (shapes[misshapen][-1] + 1,)
+        draw.mark_invalid(f"{misshapen} of shape {shapes[misshapen]}")
     odd = draw.choice(tuple(shapes)) if draw.rarely() else None  # the one operand that may be of a wrong kind
     x = draw.float_operand(shapes["x"], dtype) if odd == "x" else draw.tensor(shapes["x"], dtype)
     delta, A, B, C = (draw.same_dtype_operand(shapes[name], dtype) if odd == name else draw.tensor(shapes[name], dtype) for name in ("delta", "A", "B", "C"))
-    D = (draw.same_dtype_operand(shapes["D"], dtype) if odd == "D" else draw.tensor(shapes["D"], dtype)) if odd == "D" or draw.boolean() else None
+    D = (draw.same_dtype_operand(shapes["D"], dtype) if odd == "D" else draw.tensor(shapes["D"], dtype)) if "D" in (odd, misshapen) or draw.boolean() else None
     state = None
     if draw.one_in(4):
         state_shape = (batch, channels, N) if not draw.one_in(4) else (batch, channels, N + 1)
