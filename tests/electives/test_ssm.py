@@ -18,6 +18,7 @@ from microtensor.ops.electives.selective_scan import selective_scan_reference
 from gpt.checkpoints import checkpoint, convert
 from gpt.generation import decode_kernel
 from gpt.generation.decoder import Decoder
+from gpt.generation.electives.speculative import speculative_generate
 from gpt.model.electives.ssm import SSMCache, softplus, state_bytes
 from gpt.model.transformer import GPT, ConfigError, GPTConfig, parameter_count
 from helpers import AGREE, kernel_pair, randn
@@ -177,6 +178,19 @@ def test_a_rollback_returns_to_a_kept_state_or_says_why_it_cannot(kernel_set):
         np.testing.assert_allclose(again, expected, rtol=1e-12, atol=1e-12)
         with pytest.raises(InputError, match=r"SSMCache: cannot go back from 8 tokens to 2: .*keeps one state"):
             decoder.rollback(2)
+
+
+def test_speculative_decoding_with_an_ssm_target_gives_its_greedy_tokens(kernel_set):
+    """A draft of another kind proposes, the SSM verifies 5 tokens per round and rolls back to the
+    accepted ones: the tokens are the SSM's own greedy ones."""
+    target = ssm_model()
+    mt.manual_seed(1)
+    draft = GPT(GPTConfig(vocab_size=11, block_size=12, n_layer=1, n_head=2, n_embd=8), dtype=mt.float64)
+    prompt = np.array([[1, 2]])
+    greedy = target.generate(prompt, 20, temperature=0).numpy()[0, 2:]
+    tokens, stats = speculative_generate(target, draft, prompt, 20, 4, temperature=0)
+    np.testing.assert_array_equal(np.asarray(tokens).ravel()[-20:], greedy)
+    assert stats.proposed > stats.accepted  # some drafts were rejected: the state went back
 
 
 def test_beam_search_reorders_the_states(kernel_set):
