@@ -297,6 +297,8 @@ def generate_samples(args):
         sys.stdout.write("\n")
     mode = "without" if args.no_kv_cache else "with"
     how = f"{mode} the KV cache, {args.kernels} kernels"
+    if model.config.mixer == "ssm":  # a recurrent state instead of keys and values; the one-token kernel computes attention only
+        how = f"{mode} the SSM's recurrent state, through the modules (the one-token kernel covers attention only), {args.kernels} kernels"
     if draft is not None:
         accepted = (
             f"{stats.accepted} of {stats.proposed} accepted, acceptance rate {stats.acceptance_rate:.0%}, "

@@ -236,6 +236,10 @@ def train(args, explicit=None):
         if setup.task is not None:  # --data addition: greedy answers to the held-out problems
             results["val_exact_match_sums"] = min(training.ADDITION_EVAL_PROBLEMS, setup.task.held_out)
             results["val_exact_match"] = setup.task.accuracy(model, results["val_exact_match_sums"])
+        if config.mixer == "ssm":
+            from gpt.model.electives.ssm import state_bytes
+
+            results["ssm_state_bytes"] = state_bytes(model)
         if config.mlp == "moe":
             results["expert_share"] = (tokens_per_expert / np.maximum(tokens_per_expert.sum(axis=1, keepdims=True), 1)).tolist()
         show_results(results, args)
@@ -319,7 +323,10 @@ def show_results(results, args):
         table.add_row("trainable parameters", f"{trained:,} of {total:,} ({100 * trained / total:.2f}%)")
         if results["initial_val_loss"] is not None:
             table.add_row("val loss before fine-tuning", with_perplexity(results["initial_val_loss"]))
-    table.add_row("KV cache per token (generation)", f"{results['kv_cache_bytes_per_token']:,} bytes")
+    if "ssm_state_bytes" in results:  # --mixer ssm: a state of one size, whatever the length
+        table.add_row("SSM state (generation)", f"{results['ssm_state_bytes']:,} bytes per sequence, at any length")
+    else:
+        table.add_row("KV cache per token (generation)", f"{results['kv_cache_bytes_per_token']:,} bytes")
     if "final_val_head_losses" in results:
         table.add_row("final val loss of each head\n(tokens 1 .. --mtp ahead)", " ".join(f"{v:.4f}" for v in results["final_val_head_losses"]))
     if "expert_share" in results:

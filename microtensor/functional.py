@@ -25,3 +25,4 @@ from .ops.electives.rope import rope
 from .ops.electives.lora import lora_linear
 from .ops.electives.moe import gather_rows, scatter_add_rows, top_k_experts, top_k_gates
 from .ops.electives.dpo_loss import dpo_loss
+from .ops.electives.selective_scan import selective_scan

@@ -1090,4 +1090,27 @@ MUTANTS = [
         jit=True,
         why="a round's next position skips one past the accepted drafts, leaving a hole in the cache",
     ),
+    # ----------------------------------------------------------------------------- the selective scan
+    Mutant(
+        "selective_scan.backward_not_carried.readable", "microtensor/ops/electives/selective_scan.py",
+        "                    grad_h[n] = a * grad_h[n]  # h_{t-1}'s share through h_t\n",
+        "",
+        gradcheck_cases("readable", "SelectiveScan"),
+        why="the reverse scan forgets to carry gh_t back through a_t: each step's state gradient sees only its own output",
+    ),
+    Mutant(
+        "selective_scan.backward_delta_decay_term.fast", "microtensor/fast/electives/selective_scan.py",
+        "grad_delta_t += gh * h_previous * a * A[d, n] + gh * B[b, t, n] * x[b, t, d]",
+        "grad_delta_t += gh * B[b, t, n] * x[b, t, d]",
+        gradcheck_cases("fast", "SelectiveScan"),
+        jit=True,
+        why="dL/dΔ without the decay's term: Δ moves Ā = exp(ΔA) as well as B̄ = ΔB",
+    ),
+    Mutant(
+        "selective_scan.jvp_decay_tangent", "microtensor/ops/electives/selective_scan.py",
+        "th = a * th + ta * h_previous + tb",
+        "th = a * th + tb",
+        forward_mode_cases("readable", "SelectiveScan"),
+        why="the state's tangent ignores how Δ and A move the decay a_t",
+    ),
 ]

@@ -287,7 +287,7 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
 
     for kernel_set in ("readable", "fast"):
         with mt.using_kernels(kernel_set):
-            for options in (dict(), dict(norm="rmsnorm", mlp="swiglu", pos="rope", tie_weights=False, bias=True)):
+            for options in (dict(), dict(norm="rmsnorm", mlp="swiglu", pos="rope", tie_weights=False, bias=True), dict(mixer="ssm", d_state=3)):
                 mt.manual_seed(0)
                 model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, **options))
                 optimizer = mt.optim.AdamW(model.parameters(), lr=1e-3)

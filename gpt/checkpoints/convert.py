@@ -172,6 +172,11 @@ def export_checkpoint(out_dir, path, force=False, merge_lora=False):
             "made for (gpt/checkpoints/torch_gpt.py) has standard attention only, so it could not read these weights: "
             "export a model of --attention standard or online"
         )
+    if config.mixer == "ssm":
+        raise ConvertError(
+            f"{source} is a state-space model (train.py --mixer ssm); the export is read by nanoGPT's layout and "
+            "gpt/checkpoints/torch_gpt.py, which have attention blocks only: an SSM cannot be exported to PyTorch"
+        )
     vocab = meta["vocab"]
     if merge_lora:
         model = checkpoint.load_model(out_dir, merge=True)[0]  # its base, found and checked by its sha256

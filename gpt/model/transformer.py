@@ -18,6 +18,8 @@ numpy math in the forward pass. Options (`GPTConfig`), each explained in docs/:
   when untied);
 - checkpoint_activations: each block runs under `mt.checkpoint`, which keeps only its input for
   backward and runs the block again there (microtensor/ops/electives/checkpointing.py);
+- mixer: attention, or a selective state-space model ("ssm", gpt/model/electives/ssm.py), whose
+  scan carries a state of fixed size from token to token and needs no position encoding (`pos` none);
 - mtp: n - 1 extra heads on the blocks' output predict the tokens 2 .. n places ahead, and the loss
   adds their cross-entropies (gpt/model/electives/mtp.py); `trunk` and `logits_of` are the two
   halves of `forward` they hook into.
@@ -25,7 +27,8 @@ The options combine freely, but for checkpointing with experts (their load-balan
 the block's graph).
 
 Generation (`generate`, `generate_tokens`) samples over a Decoder (gpt/generation/sampling.py,
-gpt/generation/decoder.py), which keeps each layer's keys and values in a `KVCache` (below) so that a new
+gpt/generation/decoder.py), which keeps each layer's keys and values in a `KVCache` (below; a state of
+fixed size in an `SSMCache` with `mixer` ssm, gpt/model/electives/ssm.py) so that a new
 token costs one token's work, and applies the context window rule past block_size. With caches,
 `forward` takes the new tokens at positions offset .. offset + T - 1 of the window.
 
@@ -85,8 +88,9 @@ class GPTConfig:
     norm: str = option("layernorm", "normalization layer", choices=("layernorm", "rmsnorm"))
     mlp: str = option("gelu", "MLP kind: moe is a mixture of `n_expert` GELU MLPs (docs/electives/moe.md)", choices=("gelu", "swiglu", "moe"))
     pos: str = option(
-        "learned", "position encoding: a learned table, rotary, a fixed sinusoidal table, or ALiBi's distance penalty (docs/electives/positions.md)",
-        choices=POSITION_SCHEMES,
+        "auto", "position encoding: a learned table, rotary, a fixed sinusoidal table, or ALiBi's distance penalty (docs/electives/positions.md); "
+        "none, only with `mixer` ssm, whose scan reads the tokens in order (auto: learned, or none with `mixer` ssm)",
+        choices=POSITION_SCHEMES + ("none",),
     )  # fmt: skip
     tie_weights: bool = option(True, "a separate output layer instead of reusing the token embedding")  # the flag says "no"
     n_kv_head: int | None = option(
@@ -98,6 +102,13 @@ class GPTConfig:
         "tiles) keeps one number per row (docs/electives/online-attention.md); latent caches one small vector per "
         "token, from which keys and values are made (docs/electives/latent-attention.md)", choices=("standard", "online", "latent"),
     )  # fmt: skip
+    mixer: str = option(
+        "attention", "how a block mixes tokens: attention, or a selective state-space model whose state per layer has "
+        "a fixed size (docs/electives/state-space-models.md)", choices=("attention", "ssm"),
+    )  # fmt: skip
+    d_state: int = option(16, "numbers of state per channel of `mixer` ssm", only_with=("mixer", "ssm"))
+    d_conv: int = option(4, "taps of the causal convolution before the scan, with `mixer` ssm", only_with=("mixer", "ssm"))
+    ssm_expand: int = option(2, "the SSM's inner width, in multiples of `n_embd`, with `mixer` ssm", only_with=("mixer", "ssm"))
     checkpoint_activations: bool = option(
         False, "keep only each block's input for backward and compute the rest again there: less memory, one more "
         "forward per block; the weights and the numbers are the same (docs/electives/checkpointing.md)",
@@ -138,7 +149,9 @@ class GPTConfig:
         value of the right type that cannot work is a ConfigError."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head if is_integer(self.n_head) else None
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k", "mtp"):
+        if self.pos == "auto":  # the default: what each mixer needs
+            self.pos = "none" if self.mixer == "ssm" else "learned"
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "n_expert", "expert_top_k", "mtp", "d_state", "d_conv", "ssm_expand"):
             value = getattr(self, name)
             if not is_integer(value):
                 raise InputTypeError(f"GPTConfig: {name} must be an int, got {type(value).__name__} {value!r}")
@@ -196,6 +209,12 @@ class GPTConfig:
             "its load-balancing loss is made inside the block, where a checkpointed forward records no graph",
             "checkpoint_activations", self.checkpoint_activations, "no `mlp` moe (its load-balancing loss needs the block's graph)",
         )  # fmt: skip
+        if self.mixer == "ssm":
+            self._check_ssm()
+        _require(
+            self.pos != "none" or self.mixer == "ssm", "pos none needs mixer ssm: attention sees its keys as a set, and "
+            "takes their order from the position encoding", "pos", self.pos, "learned, rope, sinusoidal or alibi (none only with `mixer` ssm)",
+        )  # fmt: skip
         head_size = n_embd // n_head
         _require(
             self.pos != "rope" or head_size % 2 == 0, f"rope needs an even head size, got {head_size}", "n_embd", n_embd,
@@ -210,6 +229,21 @@ class GPTConfig:
             from gpt.model.electives.latent_attention import check_latent_config
 
             check_latent_config(self)  # kv_latent, rope_head_dim and n_kv_head: their defaults and checks
+
+    def _check_ssm(self):
+        """`mixer` ssm has no attention: the options that only attention has are refused, not ignored."""
+        _require(
+            self.n_kv_head == self.n_head, f"n_kv_head ({self.n_kv_head}) is attention's; mixer ssm has no keys or values",
+            "n_kv_head", self.n_kv_head, "no `n_kv_head` with `mixer` ssm (it has no attention heads)",
+        )  # fmt: skip
+        _require(
+            self.attention == "standard", f"attention {self.attention} is attention's kernel; mixer ssm has no attention",
+            "attention", self.attention, "no `attention` with `mixer` ssm (it has no attention)",
+        )  # fmt: skip
+        _require(
+            self.pos in ("none", "learned", "sinusoidal"), f"pos {self.pos} acts inside attention; mixer ssm has none",
+            "pos", self.pos, "none (the default with `mixer` ssm), or learned or sinusoidal (added to the embeddings)",
+        )  # fmt: skip
 
     def to_dict(self):
         return asdict(self)
@@ -248,6 +282,10 @@ def parameter_count(config):
         mlp = C * config.n_expert + config.n_expert * gelu_mlp  # the router (no bias) and the experts
     else:
         mlp = gelu_mlp
+    if config.mixer == "ssm":
+        from gpt.model.electives.ssm import ssm_parameter_count
+
+        attention = ssm_parameter_count(config)
     total = V * C + config.n_layer * (2 * norm + attention + mlp) + norm  # wte, the blocks, ln_f
     if config.pos == "learned":
         total += config.block_size * C  # wpe
@@ -301,6 +339,10 @@ def training_step_bytes(config, batch_size, itemsize=4, trains_every_weight=True
 
         qkv = latent_attention.activation_numbers(config)  # the queries, the latent, the keys and values made from it
     per_block = 7 * C + qkv + attention_rows + mlp
+    if config.mixer == "ssm":  # in place of qkv, the probabilities and attention's output: gpt/model/electives/ssm.py
+        from gpt.model.electives.ssm import ssm_activations_per_token
+
+        per_block = 6 * C + ssm_activations_per_token(config) + mlp
     positions = C if config.pos in ("learned", "sinusoidal") else 0
     if config.checkpoint_activations:
         per_token = C + positions + config.n_layer * C + max(per_block, C + 3 * V)
@@ -410,7 +452,12 @@ class Block(nn.Module):
     def __init__(self, config, dtype):
         super().__init__()
         self.ln_1 = _norm(config, dtype)
-        if config.attention == "latent":
+        self.mixer = config.mixer
+        if config.mixer == "ssm":
+            from gpt.model.electives.ssm import SelectiveSSM
+
+            self.ssm = SelectiveSSM(config, dtype)  # in place of attention (gpt/model/electives/ssm.py)
+        elif config.attention == "latent":
             from gpt.model.electives.latent_attention import LatentAttention
 
             self.attn = LatentAttention(config, dtype)  # keys and values made from a cached latent
@@ -428,7 +475,8 @@ class Block(nn.Module):
             self.mlp = MLP(config, dtype)
 
     def forward(self, x, cache=None, offset=0):
-        x = x + self.attn(self.ln_1(x), cache, offset)
+        mix = self.ssm if self.mixer == "ssm" else self.attn
+        x = x + mix(self.ln_1(x), cache, offset)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -466,6 +514,9 @@ class GPT(nn.Module):
             else:
                 std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
                 p.data[...] = rng.normal(0.0, std, p.shape)
+        if self.config.mixer == "ssm":  # its own choices for A, D, Δ's projection, the convolution, out_proj
+            for block in self.transformer.h:
+                block.ssm.reset_parameters(rng, self.config.n_layer)
 
     def forward(self, idx, targets=None, caches=None, offset=0):
         """idx (B, T) int -> (logits (B, T, V), loss or None). With caches, idx holds the tokens at
@@ -541,8 +592,11 @@ class GPT(nn.Module):
 
     def kv_cache_bytes_per_token(self):
         """Bytes of keys and values the cache keeps for each token: 2 · n_layer · n_kv_head · D numbers
-        (latent attention: n_layer · (kv_latent + rope_head_dim), the latent and the rotary key)."""
+        (latent attention: n_layer · (kv_latent + rope_head_dim), the latent and the rotary key; 0 with
+        `mixer` ssm, whose state has one size at every length: gpt/model/electives/ssm.py, state_bytes)."""
         c = self.config
+        if c.mixer == "ssm":
+            return 0
         if c.attention == "latent":
             from gpt.model.electives.latent_attention import cache_numbers_per_token
 
@@ -554,6 +608,10 @@ class GPT(nn.Module):
         `offset` positions before the new tokens (else the new keys would land at other positions
         than the ones their queries are given)."""
         c = self.config
+        if c.mixer == "ssm":
+            from gpt.model.electives.ssm import check_caches
+
+            return check_caches(self, caches, batch, offset)
         if c.attention == "latent":
             from gpt.model.electives.latent_attention import check_latent_caches
 
@@ -582,6 +640,8 @@ class GPT(nn.Module):
         if not is_integer(batch) or batch < 1:
             raise InputError(f"GPT.new_cache_arrays: batch must be an int >= 1, got {batch!r}")
         c = self.config
+        if c.mixer == "ssm":
+            return None  # each layer keeps a state of its own (new_caches)
         if c.attention == "latent":
             return None  # each layer caches its latents (gpt/model/electives/latent_attention.py)
         dtype = self.transformer.wte.weight.dtype
@@ -590,7 +650,12 @@ class GPT(nn.Module):
 
     def new_caches(self, batch, arrays=None):
         """One empty KVCache per layer, over `arrays` (keys, values), each (n_layer, B, Hk, block_size, D),
-        or over new zeroed ones. Latent attention: one empty LatentCache per layer."""
+        or over new zeroed ones. Latent attention: one empty LatentCache per layer; `mixer` ssm: one SSMCache
+        per layer (gpt/model/electives/ssm.py)."""
+        if self.config.mixer == "ssm":
+            from gpt.model.electives.ssm import new_caches
+
+            return new_caches(self, batch)
         if self.config.attention == "latent":
             from gpt.model.electives.latent_attention import new_latent_caches
 

@@ -29,5 +29,5 @@ scripts in bench/ and reported in bench/README.md.
 from ..kernels import kernel  # noqa: F401
 from ..ops.gelu import CUBIC, SQRT_2_OVER_PI  # noqa: F401  (the tanh form of GELU, for a fused kernel)
 from . import attention, cross_entropy, gelu, layer_norm, matmul, memory, optimizer, softmax  # noqa: F401
-from .electives import online_attention, quantize, rms_norm, silu  # noqa: F401
+from .electives import online_attention, quantize, rms_norm, selective_scan, silu  # noqa: F401
 from .vector_math import REDUCE_FASTMATH, erf, exp_of_nonpositive, max_of_row, sigmoid, tanh  # noqa: F401
