@@ -6,11 +6,16 @@ loss's backward is the mean of the per-sample estimates; sampling, its errors, a
 import numpy as np
 import pytest
 
+import generate
 import microtensor as mt
-from microtensor import InputError
+import reinforce
+from microtensor import InputError, optim
+from gpt.checkpoints import checkpoint
 from gpt.model.electives import dpo
 from gpt.model.electives import policy_gradient as pg
 from gpt.model.transformer import GPT, GPTConfig
+from gpt.text.data import CharTokenizer
+from gpt.text.electives.addition import AdditionTask
 
 VOCAB, PROMPT, NEW = 3, np.array([0]), 2
 REWARD = np.array([0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0])  # r(y) of completion y = (a, b) at index 3a + b
@@ -198,3 +203,73 @@ def test_sequence_log_probs_at_a_temperature_divides_the_logits():
     log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
     expected = log_probs[np.arange(4), 0, tokens[:, 1]] + log_probs[np.arange(4), 1, tokens[:, 2]]
     np.testing.assert_allclose(dpo.sequence_log_probs(policy, tokens, ones, threes, TEMPERATURE).numpy(), expected, rtol=1e-12)
+
+
+# ================================================================================= reinforce.py
+
+
+def save_tiny_checkpoint(folder, tokenizer, block_size=16):
+    mt.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=block_size, n_layer=1, n_head=2, n_embd=16))
+    checkpoint.save(folder, model, optim.AdamW(model.parameters()), {"iteration": 0, "config": model.config.to_dict(), **checkpoint.tokenizer_meta(tokenizer)})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A tiny untrained GPT of the addition task's vocabulary, and one of another vocabulary."""
+    folder = tmp_path_factory.mktemp("reinforce")
+    save_tiny_checkpoint(folder / "other", CharTokenizer.from_text("0123456789+-=\n"))
+    return save_tiny_checkpoint(folder / "base", AdditionTask(2).tokenizer)
+
+
+def run_reinforce(base, out, *flags):
+    return reinforce.main(["--init-from", str(base), "--out-dir", str(out), "--eval-problems", "8", "--samples-per-step", "8", "--group-size", "4", *flags])
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [(["--beta", "-0.1"], "--beta: given -0.1"), (["--beta", "nan"], "--beta: given nan"), (["--group-size", "1", "--samples-per-step", "4"], "--group-size: given 1"),
+     (["--samples-per-step", "6"], "--samples-per-step: given 6"), (["--temperature", "0"], "--temperature: given 0")],
+)  # fmt: skip
+def test_reinforce_refuses_bad_flags_naming_them(base, tmp_path, capsys, flags, named):
+    assert run_reinforce(base, tmp_path / "out", *flags) == 1
+    assert named in capsys.readouterr().out
+
+
+def test_reinforce_refuses_a_checkpoint_of_another_vocabulary(base, tmp_path, capsys):
+    assert run_reinforce(base.parent / "other", tmp_path / "out") == 1
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "--init-from" in out and "vocabulary" in out
+
+
+@pytest.fixture(scope="module")
+def partly_trained(tmp_path_factory):
+    """A tiny GPT trained briefly on 1-digit sums: right often enough for the reward to teach."""
+    folder = tmp_path_factory.mktemp("reinforce") / "partly"
+    task = AdditionTask(1)
+    mt.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=task.tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    optimizer = optim.AdamW(model.parameters(), lr=1e-2)
+    batches, rng = task.batches(16), np.random.default_rng(0)
+    for _ in range(60):
+        model(*batches.get("train", 16, rng))[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    checkpoint.save(folder, model, optimizer, {"iteration": 60, "config": model.config.to_dict(), **checkpoint.tokenizer_meta(task.tokenizer)})
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["reinforce", "group"])
+def test_reinforce_resumes_exactly_and_samples(partly_trained, tmp_path, estimator):
+    base, whole, halves = partly_trained, tmp_path / "whole", tmp_path / "halves"
+    flags = ["--digits", "1", "--estimator", estimator, "--beta", "0.1", "--learning-rate", "1e-2", "--eval-interval", "2"]
+    assert run_reinforce(base, whole, *flags, "--steps", "4") == 0
+    assert run_reinforce(base, halves, *flags, "--steps", "2") == 0
+    assert reinforce.main(["--out-dir", str(halves), "--resume", "--steps", "4"]) == 0
+    (a, _, meta), (b, _, resumed) = checkpoint.load(whole), checkpoint.load(halves)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert meta["reinforce"]["history"] == resumed["reinforce"]["history"] and meta["reinforce"]["baseline"] == resumed["reinforce"]["baseline"]
+    assert any(not np.array_equal(a[k], checkpoint.load(base)[0][k]) for k in a)  # it trained
+    assert generate.main(["--out-dir", str(whole), "--prompt", "3+4=", "--max-new-tokens", "4"]) == 0
