@@ -6,6 +6,7 @@
     python generate.py --beam 4                         # beam search: the most probable continuation it finds
     python generate.py --draft-dir out-small            # speculative decoding with a small draft model
     python generate.py --self-speculative               # a model trained with --mtp n drafts with its extra heads
+    python generate.py --addition-eval 500 --self-consistency 8   # a model of train.py --data addition: accuracy
 
 Three ways to generate: sampling (or greedy, --temperature 0) one token at a time, the default;
 beam search (--beam K, docs/electives/beam-search.md), which keeps the K most probable hypotheses and prints
@@ -16,6 +17,11 @@ same distribution as sampling from the model alone (the same text at --temperatu
 program prints how many proposals were accepted. A model trained with --mtp n (docs/electives/multi-token-prediction.md)
 can be its own draft (--self-speculative): its extra heads propose n - 1 tokens, checked by the same
 rule (gpt/generation/electives/self_speculative.py). gpt/generation/electives/beam_search.py and gpt/generation/electives/speculative.py hold them.
+
+A model trained on sums (train.py --data addition) is scored instead of sampled with --addition-eval
+N: its answers to N held-out problems, and their exact-match accuracy; greedy by default, or with
+test-time compute (docs/electives/test-time-compute.md, gpt/generation/electives/test_time.py):
+--self-consistency M (the majority of M sampled answers) or --best-of N --scorer logprob|verifier.
 
 As train.py, it ends in one line saying what is wrong, never in a traceback: flags are checked
 first, then the checkpoint (gpt/checkpoints/checkpoint.py refuses a truncated or corrupted file by name),
@@ -43,6 +49,8 @@ from gpt.model.electives.quantize import quantize_model, weight_bytes
 from gpt.generation.sampling import log_softmax
 from gpt.generation.electives.speculative import SpeculativeStats, speculative_tokens
 from gpt.generation.electives.self_speculative import self_speculative_tokens
+from gpt.generation.electives import test_time
+from gpt.text.electives.addition import AdditionTask, greedy_answers
 from programs import cli
 from programs.cli import FlagError, Interrupted, console, signals_handled_by
 
@@ -81,6 +89,11 @@ def build_parser():
         help="a model trained with --mtp n drafts n - 1 tokens with its extra heads and checks them in one forward: the "
         "same distribution as sampling (the same text at --temperature 0); docs/electives/multi-token-prediction.md",
     )  # fmt: skip
+    ttc = p.add_argument_group("test-time compute, for a model of train.py --data addition (docs/electives/test-time-compute.md)")
+    ttc.add_argument("--addition-eval", type=int, default=None, metavar="N", help="answer N held-out sums (greedy unless one of the two below) and print the exact-match accuracy")
+    ttc.add_argument("--self-consistency", type=int, default=None, metavar="M", help="with --addition-eval: sample M answers at --temperature and keep the most common")
+    ttc.add_argument("--best-of", type=int, default=None, metavar="N", help="with --addition-eval: sample N answers at --temperature and keep the one --scorer rates highest")
+    ttc.add_argument("--scorer", choices=test_time.SCORERS, default=None, help="with --best-of: the model's log-probability of the answer, or a verifier that checks the digits")
     return p
 
 
@@ -103,6 +116,7 @@ def check_args(args, explicit=()):
     need(args.prompt != "", "prompt", "at least one character")
     check_beam_args(args, explicit)
     check_speculative_args(args, explicit)
+    check_test_time_args(args)
     if args.self_speculative:
         for name, given in (("beam", args.beam is not None), ("draft_dir", args.draft_dir is not None), ("no_kv_cache", args.no_kv_cache)):
             if given:
@@ -146,6 +160,29 @@ def check_beam_args(args, explicit):
         )  # fmt: skip
     if args.stop == "":
         raise FlagError("stop", "''", "the text of one token (e.g. a newline)")
+
+
+def check_test_time_args(args):
+    """--addition-eval N >= 1; --self-consistency M >= 1 or --best-of N >= 1 with --scorer, only with it."""
+    if args.addition_eval is None:
+        for name in ("self_consistency", "best_of", "scorer"):
+            if getattr(args, name) is not None:
+                raise FlagError(name, f"{getattr(args, name)} without --addition-eval", "--addition-eval N as well: it answers N held-out sums")
+        return
+    if args.addition_eval < 1:
+        raise FlagError("addition_eval", args.addition_eval, "an integer >= 1 (held-out sums to answer)")
+    for name, what in (("self_consistency", "answers to vote among"), ("best_of", "answers to choose from")):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise FlagError(name, getattr(args, name), f"an integer >= 1 ({what})")
+    if args.self_consistency is not None and args.best_of is not None:
+        raise FlagError("best_of", f"{args.best_of} with --self-consistency", "one of --self-consistency and --best-of")
+    if (args.best_of is None) != (args.scorer is None):
+        alone = f"{args.scorer} without --best-of" if args.best_of is None else f"{args.best_of} without --scorer"
+        raise FlagError("scorer" if args.best_of is None else "best_of", alone, "--best-of N and --scorer logprob|verifier together")
+    others = {"beam": args.beam, "draft_dir": args.draft_dir, "self_speculative": args.self_speculative or None, "top_p": args.top_p}
+    for name, value in others.items():
+        if value is not None:
+            raise FlagError(name, f"{value} with --addition-eval", "no " + cli.flag(name) + ": --addition-eval samples its answers itself")
 
 
 def speculate_given(args, explicit):
@@ -222,6 +259,8 @@ def generate_samples(args):
         float_bytes = weight_bytes(model)["total"]
         quantize_model(model, bits=8 if args.quantize == "int8" else 4)
         console.print(f"[dim]weights quantized to {args.quantize}: {weight_bytes(model)['total']:,} bytes, from {float_bytes:,}[/]")
+    if args.addition_eval is not None:
+        return addition_eval(args, model)
     prompt = encode(tokenizer, args.prompt, "prompt")
     if args.beam is not None:
         return beam_search_sample(args, model, tokenizer, prompt)
@@ -274,6 +313,35 @@ def generate_samples(args):
         )  # fmt: skip
         how = f"self-speculative decoding with {model.config.mtp - 1} extra heads: {accepted}; with the KV cache, through the modules"
     console.print(f"[dim]{generated} tokens in {seconds:.2f} s: {generated / max(seconds, 1e-9):,.0f} tokens/s ({escape(how)})[/]")
+    return 0
+
+
+def addition_eval(args, model):
+    """--addition-eval N: the exact-match accuracy of the model's answers to N held-out sums."""
+    meta = checkpoint.load(args.out_dir)[2]  # its task: digits and held-out set
+    if "addition" not in meta:
+        raise FlagError("addition_eval", f"with {checkpoint.path_in(args.out_dir)}", "a checkpoint of train.py --data addition: this one was trained on text")
+    task = AdditionTask(meta["addition"]["digits"], meta["addition"]["seed"])
+    if args.addition_eval > task.held_out:
+        raise FlagError("addition_eval", args.addition_eval, f"at most {task.held_out}, the held-out sums of {task.digits}-digit addition")
+    prompts = [p for p, _ in task.problems("val", args.addition_eval, None)]
+    start = time.perf_counter()
+    if args.self_consistency is not None:
+        how = f"self-consistency, the majority of {args.self_consistency} answers at temperature {args.temperature:g}"
+        answers = test_time.self_consistency(model, task, prompts, args.self_consistency, args.temperature, args.seed, args.top_k)
+    elif args.best_of is not None:
+        how = f"best of {args.best_of} answers at temperature {args.temperature:g}, scored by {args.scorer}"
+        answers = test_time.best_of_n(model, task, prompts, args.best_of, args.temperature, args.scorer, args.seed, args.top_k)
+    else:
+        how = "greedy"
+        answers = test_time.TestTimeAnswers(greedy_answers(model, task, prompts), [], len(prompts) * task.answer_length)
+    for prompt, completion in list(zip(prompts, answers.completions))[:5]:  # a few, to see what it writes
+        mark = "right" if task.is_correct(prompt, completion) else f"wrong, expected {task.expected(prompt)}"
+        console.print(f"{prompt}{task.read_answer(completion)}  ({mark})", highlight=False)
+    console.print(
+        f"exact match on {len(prompts)} held-out sums ({how}): [bold]{answers.accuracy(task, prompts):.1%}[/]; "
+        f"{answers.tokens_per_prompt:.1f} tokens per sum, {time.perf_counter() - start:.2f} s"
+    )
     return 0
 
 

@@ -234,7 +234,8 @@ def train(args, explicit=None):
         if config.mtp > 1:
             results["final_val_head_losses"] = losses["val_heads"]
         if setup.task is not None:  # --data addition: greedy answers to the held-out problems
-            results["val_exact_match"] = setup.task.accuracy(model, training.ADDITION_EVAL_PROBLEMS)
+            results["val_exact_match_sums"] = min(training.ADDITION_EVAL_PROBLEMS, setup.task.held_out)
+            results["val_exact_match"] = setup.task.accuracy(model, results["val_exact_match_sums"])
         if config.mlp == "moe":
             results["expert_share"] = (tokens_per_expert / np.maximum(tokens_per_expert.sum(axis=1, keepdims=True), 1)).tolist()
         show_results(results, args)
@@ -301,7 +302,7 @@ def show_results(results, args):
     table.add_row("final val loss", with_perplexity(results["final_val_loss"]))
     table.add_row("best val loss", with_perplexity(results["best_val_loss"]))
     if "val_exact_match" in results:
-        table.add_row(f"val exact match ({training.ADDITION_EVAL_PROBLEMS} held-out sums, greedy)", f"{results['val_exact_match']:.1%}")
+        table.add_row(f"val exact match ({results['val_exact_match_sums']} held-out sums, greedy)", f"{results['val_exact_match']:.1%}")
     table.add_row("final val loss, bits per character", f"{results['final_val_bits_per_char']:.4f}")
     curve = results["loss_curve"]
     chart = loss_plot.loss_text_chart(curve["losses"], curve["first_step"], width=CHART_WIDTH, height=CHART_HEIGHT)

@@ -107,3 +107,5 @@ def test_train_on_addition_reports_accuracy_and_resumes_exactly(tmp_path, capsys
         np.testing.assert_array_equal(whole[name], split[name])
     assert train.main(["--max-iters", "41", "--resume", "--addition-digits", "3", "--data", "addition", "--out-dir", str(tmp_path / "split")]) == 1
     assert "--addition-digits" in capsys.readouterr().out
+    assert generate.main(["--out-dir", str(tmp_path / "whole"), "--addition-eval", "500"]) == 0
+    assert f"{results['val_exact_match']:.1%}" in capsys.readouterr().out  # the same greedy answers as train.py's

@@ -58,6 +58,10 @@ class AdditionTask:
         self.val_set = set(self.val_codes.tolist())
 
     @property
+    def held_out(self):
+        return len(self.val_codes)  # the problems of the "val" split
+
+    @property
     def prompt_length(self):
         return 2 * self.digits + 2  # "dd+dd="
 
