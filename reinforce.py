@@ -56,10 +56,7 @@ def build_parser():
     run.add_argument("--force", action="store_true", help="start a new run even though --out-dir holds a checkpoint")
     run.add_argument("--seed", type=int, default=1337, help="seed for the training problems and the samples")
     cli.add_kernels_argument(p, run)
-    task = p.add_argument_group("the task")
-    task.add_argument("--digits", type=int, default=2, help="digits of each operand (the checkpoint's task)")
-    task.add_argument("--task-seed", type=int, default=0, help="the seed that chose the held-out sums (the checkpoint's task: never trained on)")
-    task.add_argument("--eval-problems", type=int, default=200, help="held-out sums measured")
+    run.add_argument("--eval-problems", type=int, default=200, help="held-out sums measured (the checkpoint's task: never trained on)")
     tune = p.add_argument_group("fine-tuning")
     tune.add_argument("--estimator", choices=pg.ESTIMATORS, default="group", help="reinforce: the reward minus a running mean; group: normalized within each prompt's group of samples")
     tune.add_argument("--group-size", type=int, default=8, help="answers sampled per problem (G; at least 2 for --estimator group)")
@@ -77,7 +74,7 @@ def build_parser():
 
 # The settings a resumed run keeps from its checkpoint (the others may be given again).
 KEPT_ON_RESUME = (
-    "init_from", "digits", "task_seed", "eval_problems", "estimator", "group_size", "samples_per_step", "beta",
+    "init_from", "eval_problems", "estimator", "group_size", "samples_per_step", "beta",
     "temperature", "baseline_decay", "learning_rate", "weight_decay", "grad_clip", "seed",
 )  # fmt: skip
 
@@ -115,9 +112,8 @@ def check_args(args, explicit=()):
         need(args.group_size >= 2, "group_size", "at least 2 with --estimator group: its baseline is the mean of the other answers to the same problem")
     need(args.samples_per_step >= args.group_size and args.samples_per_step % args.group_size == 0, "samples_per_step", f"a multiple of --group-size ({args.group_size})")
     need(0 <= args.baseline_decay < 1, "baseline_decay", "a number in [0, 1)")
-    for name in ("digits", "eval_problems", "eval_interval"):
+    for name in ("eval_problems", "eval_interval"):
         need(getattr(args, name) >= 1, name, "an integer >= 1")
-    need(args.task_seed >= 0, "task_seed", "an integer >= 0")
     need(args.steps >= 0, "steps", "an integer >= 0")
     need(math.isfinite(args.learning_rate) and args.learning_rate > 0, "learning_rate", "a finite number > 0")
     for name in ("weight_decay", "grad_clip"):
@@ -127,20 +123,19 @@ def check_args(args, explicit=()):
 
 
 def load_policy(args):
-    """(model, task) of --init-from, refused unless its vocabulary is the task's and a problem fits its block."""
+    """(model, task) of --init-from: the task its checkpoint records (train.py --data addition's
+    digits and held-out set), refused unless the model's vocabulary is the task's."""
     model, tokenizer, meta = load_checkpoint(args.init_from)
-    try:
-        task = AdditionTask(args.digits, args.task_seed)
-    except MicrotensorError as error:
-        raise FlagError("digits", args.digits, f"a number of digits the task accepts ({error})") from None
+    record = meta.get("addition") or {"digits": 2, "seed": 0}  # without a record, the vocabulary check below decides
+    task = AdditionTask(record["digits"], record["seed"])
     if checkpoint.tokenizer_meta(tokenizer) != checkpoint.tokenizer_meta(task.tokenizer) or model.config.vocab_size != task.tokenizer.vocab_size:
         raise FlagError(
             "init_from", args.init_from,
             f"a checkpoint of the addition task's vocabulary ({task.tokenizer.vocab_size} tokens: digits, '+', '=' and newline); "
             f"this one has {model.config.vocab_size} tokens{', not the same ones' if model.config.vocab_size == task.tokenizer.vocab_size else ''}: train one with train.py --data addition",
         )  # fmt: skip
-    if task.problem_length > model.config.block_size + 1:
-        raise FlagError("digits", args.digits, f"problems of at most {model.config.block_size + 1} tokens, the checkpoint's block; {args.digits}-digit ones take {task.problem_length}")
+    if task.problem_length > model.config.block_size + 1 or args.eval_problems > len(task.val_codes):
+        raise FlagError("init_from", args.init_from, f"a model whose block holds a problem ({task.problem_length} tokens) and a held-out set of --eval-problems {args.eval_problems} sums")
     return model, task
 
 

@@ -9,6 +9,7 @@ import pytest
 import generate
 import microtensor as mt
 import reinforce
+import train
 from microtensor import InputError, optim
 from gpt.checkpoints import checkpoint
 from gpt.model.electives import dpo
@@ -211,7 +212,8 @@ def test_sequence_log_probs_at_a_temperature_divides_the_logits():
 def save_tiny_checkpoint(folder, tokenizer, block_size=16):
     mt.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=block_size, n_layer=1, n_head=2, n_embd=16))
-    checkpoint.save(folder, model, optim.AdamW(model.parameters()), {"iteration": 0, "config": model.config.to_dict(), **checkpoint.tokenizer_meta(tokenizer)})
+    meta = {"iteration": 0, "config": model.config.to_dict(), **checkpoint.tokenizer_meta(tokenizer), "addition": {"digits": 2, "seed": 0}}
+    checkpoint.save(folder, model, optim.AdamW(model.parameters()), meta)
     return folder
 
 
@@ -245,18 +247,11 @@ def test_reinforce_refuses_a_checkpoint_of_another_vocabulary(base, tmp_path, ca
 
 @pytest.fixture(scope="module")
 def partly_trained(tmp_path_factory):
-    """A tiny GPT trained briefly on 1-digit sums: right often enough for the reward to teach."""
+    """A tiny GPT trained briefly by train.py on 2-digit sums: right often enough for the reward to teach."""
     folder = tmp_path_factory.mktemp("reinforce") / "partly"
-    task = AdditionTask(1)
-    mt.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=task.tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=32))
-    optimizer = optim.AdamW(model.parameters(), lr=1e-2)
-    batches, rng = task.batches(16), np.random.default_rng(0)
-    for _ in range(60):
-        model(*batches.get("train", 16, rng))[1].backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    checkpoint.save(folder, model, optimizer, {"iteration": 60, "config": model.config.to_dict(), **checkpoint.tokenizer_meta(task.tokenizer)})
+    flags = ["--data", "addition", "--addition-digits", "2", "--n-layer", "2", "--n-head", "4", "--n-embd", "64", "--batch-size", "64", "--max-iters", "150",
+             "--learning-rate", "3e-3", "--warmup-iters", "20", "--eval-interval", "150", "--eval-iters", "1", "--sample-chars", "0"]  # fmt: skip
+    assert train.main([*flags, "--out-dir", str(folder)]) == 0
     return folder
 
 
@@ -264,7 +259,7 @@ def partly_trained(tmp_path_factory):
 @pytest.mark.parametrize("estimator", ["reinforce", "group"])
 def test_reinforce_resumes_exactly_and_samples(partly_trained, tmp_path, estimator):
     base, whole, halves = partly_trained, tmp_path / "whole", tmp_path / "halves"
-    flags = ["--digits", "1", "--estimator", estimator, "--beta", "0.1", "--learning-rate", "1e-2", "--eval-interval", "2"]
+    flags = ["--estimator", estimator, "--beta", "0.1", "--learning-rate", "1e-3", "--eval-interval", "2"]
     assert run_reinforce(base, whole, *flags, "--steps", "4") == 0
     assert run_reinforce(base, halves, *flags, "--steps", "2") == 0
     assert reinforce.main(["--out-dir", str(halves), "--resume", "--steps", "4"]) == 0
@@ -272,4 +267,4 @@ def test_reinforce_resumes_exactly_and_samples(partly_trained, tmp_path, estimat
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert meta["reinforce"]["history"] == resumed["reinforce"]["history"] and meta["reinforce"]["baseline"] == resumed["reinforce"]["baseline"]
     assert any(not np.array_equal(a[k], checkpoint.load(base)[0][k]) for k in a)  # it trained
-    assert generate.main(["--out-dir", str(whole), "--prompt", "3+4=", "--max-new-tokens", "4"]) == 0
+    assert generate.main(["--out-dir", str(whole), "--prompt", "12+34=", "--max-new-tokens", "4"]) == 0
