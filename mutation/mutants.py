@@ -1028,4 +1028,19 @@ MUTANTS = [
         'tests/electives/test_scaling_laws.py -k "fit_is_exact or recovers_known"',
         why="dL/dalpha without its minus sign: the fit's steps in alpha go the wrong way and it stops away from the law's constants",
     ),
+    # ----------------------------------------------------------------------------- policy gradients
+    Mutant(
+        "policy_gradient.kl_penalty_sign", "gpt/model/electives/policy_gradient.py",
+        "return np.asarray(rewards, dtype=np.float64) - beta * np.asarray(log_ratios, dtype=np.float64)",
+        "return np.asarray(rewards, dtype=np.float64) + beta * np.asarray(log_ratios, dtype=np.float64)",
+        'tests/electives/test_policy_gradient.py -k "enumerated_gradient"',
+        why="the KL is added to the reward: the estimate climbs away from the reference instead of toward it",
+    ),
+    Mutant(
+        "policy_gradient.baseline_after_update", "gpt/model/electives/policy_gradient.py",
+        "        advantages = shaped - self.value\n        self.value = self.decay * self.value + (1 - self.decay) * float(shaped.mean())\n",
+        "        self.value = self.decay * self.value + (1 - self.decay) * float(shaped.mean())\n        advantages = shaped - self.value\n",
+        'tests/electives/test_policy_gradient.py -k "running_baseline"',
+        why="the baseline holds this step's own rewards: it depends on the samples it is subtracted from, and the estimate is biased",
+    ),
 ]
