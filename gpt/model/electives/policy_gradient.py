@@ -53,7 +53,9 @@ like r. This is the estimator used here, because its expectation is the gradient
 (through the states too). The other common choice, GRPO's per-token k3 = π_ref/π - log(π_ref/π) - 1
 differentiated directly, estimates the KL's value with less variance, but its gradient's
 expectation is -Σ_v π_ref(v) ∇log π(v) per position: the gradient of the reverse KL(π_ref ‖ π),
-blind to how a token changes the states after it.
+blind to how a token changes the states after it. In the group-relative variant the KL's part,
+β (k_i - mean_g k), is centred within the group like the reward but not divided by its std, so
+that β keeps one meaning whatever the group's spread.
 
 The reference is a frozen copy of the starting checkpoint (gpt/model/electives/dpo.py's
 `frozen_copy`), run under no_grad. Dropout is off in the policy (eval mode): at step 0 k(y) = 0.
