@@ -1028,6 +1028,21 @@ MUTANTS = [
         'tests/electives/test_scaling_laws.py -k "fit_is_exact or recovers_known"',
         why="dL/dalpha without its minus sign: the fit's steps in alpha go the wrong way and it stops away from the law's constants",
     ),
+    # ----------------------------------------------------------------------------- test-time compute
+    Mutant(
+        "test_time.vote_ties_to_last", "gpt/generation/electives/test_time.py",
+        "return next(answer for answer in answers if counts[answer] == most)",
+        "return next(answer for answer in reversed(answers) if counts[answer] == most)",
+        'tests/electives/test_test_time.py -k "vote"',
+        why="a tie goes to the answer sampled last: the stated rule, and the vote's answer for the same samples, change",
+    ),
+    Mutant(
+        "addition.held_out_drawn_for_training", "gpt/text/electives/addition.py",
+        "            if not held.any():\n                return codes\n",
+        "            return codes\n",
+        'tests/electives/test_addition.py -k "held_out"',
+        why="training draws the held-out sums too: the exact-match accuracy no longer measures sums the model never saw",
+    ),
     # ----------------------------------------------------------------------------- policy gradients
     Mutant(
         "policy_gradient.kl_penalty_sign", "gpt/model/electives/policy_gradient.py",

@@ -50,6 +50,7 @@ CASES = [
     Case("mtp", "electives.mtp", "Multi-token prediction and self-speculative decoding", "docs/electives/multi-token-prediction.md"),
     Case("mixed_precision", "electives.mixed_precision", "16-bit training", "docs/electives/mixed-precision.md"),
     Case("scaling_laws", "electives.scaling_laws", "Scaling laws: a sweep of sizes and an IsoFLOP curve", "docs/electives/scaling-laws.md"),
+    Case("test_time_compute", "electives.test_time_compute", "Test-time compute: self-consistency and best-of-n", "docs/electives/test-time-compute.md"),
     Case("policy_gradient", "electives.policy_gradient", "Policy gradients with a verifiable reward", "docs/electives/policy-gradient.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}

@@ -1,6 +1,12 @@
 """Test-time compute (gpt/generation/electives/test_time.py): the vote and its tie rule, best-of-n's
 choice under each scorer, the M samples of a prompt drawn as one batch, the log-probability scorer
 against a per-token computation, and generate.py's --addition-eval flags and their errors."""
+import importlib
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -126,3 +132,26 @@ def test_generate_answers_held_out_sums_from_a_checkpoint(tmp_path, capsys):
         assert "exact match on 10 held-out sums" in out and how in out
     assert generate.main(["--out-dir", str(tmp_path / "sums"), "--addition-eval", "11"]) == 1  # 1-digit: 10 held out
     assert "at most 10" in capsys.readouterr().out
+
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results" / "intel-xeon-sapphire-rapids-or-later" / "test_time_compute.json"  # what the page shows
+
+
+def bench_case():
+    sys.path.insert(0, str(ROOT / "bench"))  # the case imports the harness from there
+    return importlib.import_module("cases.electives.test_time_compute")
+
+
+def test_the_page_and_figures_are_the_committed_results():
+    if not RESULTS.exists():
+        pytest.skip("no results yet: python bench/run.py test_time_compute")
+    case = bench_case()
+    data = json.loads(RESULTS.read_text())
+    page = (ROOT / "docs" / "electives" / "test-time-compute.md").read_text()
+    assert case.page_with_results(page, data) == page, "run python bench/cases/electives/test_time_compute.py --render"
+    for name, svg in case.figures(data).items():
+        assert (ROOT / "docs" / "images" / case.FIGURE_NAMES[name]).read_text() == svg, name
+        groups = {g.get("id") for g in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}g")}
+        assert {"greedy", *case.METHODS} <= groups, groups
+    assert sorted({r["M"] for r in data["test_time_compute"]["runs"]}) == [1, 2, 4, 8, 16]
