@@ -228,7 +228,7 @@ def fine_tune(args, explicit=None):
     run = cli.Run(checkpoint.path_in(args.out_dir))
     with mt.using_kernels(args.kernels), run.handling_signals():
         policy, reference, optimizer, task, baseline, base_record, start, rng, meta = set_up(args)
-        params = policy.parameters()
+        params = list(policy.parameters())  # a list: clip_grad_norm reads it every step
         history = meta["reinforce"]["history"] if meta is not None else [{"step": 0, **evaluate(policy, reference, task, args, 0)}]
         trained_tokens = history[-1]["trained_tokens"]
         show_measures(history[0], "before")

@@ -249,8 +249,8 @@ def test_reinforce_refuses_a_checkpoint_of_another_vocabulary(base, tmp_path, ca
 def partly_trained(tmp_path_factory):
     """A tiny GPT trained briefly by train.py on 2-digit sums: right often enough for the reward to teach."""
     folder = tmp_path_factory.mktemp("reinforce") / "partly"
-    flags = ["--data", "addition", "--addition-digits", "2", "--n-layer", "2", "--n-head", "4", "--n-embd", "64", "--batch-size", "64", "--max-iters", "150",
-             "--learning-rate", "3e-3", "--warmup-iters", "20", "--eval-interval", "150", "--eval-iters", "1", "--sample-chars", "0"]  # fmt: skip
+    flags = ["--data", "addition", "--addition-digits", "2", "--n-layer", "2", "--n-head", "4", "--n-embd", "64", "--batch-size", "64", "--max-iters", "200",
+             "--learning-rate", "3e-3", "--warmup-iters", "20", "--eval-interval", "200", "--eval-iters", "1", "--sample-chars", "0"]  # fmt: skip
     assert train.main([*flags, "--out-dir", str(folder)]) == 0
     return folder
 
