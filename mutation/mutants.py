@@ -1113,4 +1113,19 @@ MUTANTS = [
         forward_mode_cases("readable", "SelectiveScan"),
         why="the state's tangent ignores how Δ and A move the decay a_t",
     ),
+    # ----------------------------------------------------------------------------- policy gradients
+    Mutant(
+        "policy_gradient.kl_penalty_sign", "gpt/model/electives/policy_gradient.py",
+        "return np.asarray(rewards, dtype=np.float64) - beta * np.asarray(log_ratios, dtype=np.float64)",
+        "return np.asarray(rewards, dtype=np.float64) + beta * np.asarray(log_ratios, dtype=np.float64)",
+        'tests/electives/test_policy_gradient.py -k "enumerated_gradient"',
+        why="the KL is added to the reward: the estimate climbs away from the reference instead of toward it",
+    ),
+    Mutant(
+        "policy_gradient.baseline_after_update", "gpt/model/electives/policy_gradient.py",
+        "        advantages = shaped - self.value\n        self.value = self.decay * self.value + (1 - self.decay) * float(shaped.mean())\n",
+        "        self.value = self.decay * self.value + (1 - self.decay) * float(shaped.mean())\n        advantages = shaped - self.value\n",
+        'tests/electives/test_policy_gradient.py -k "running_baseline"',
+        why="the baseline holds this step's own rewards: it depends on the samples it is subtracted from, and the estimate is biased",
+    ),
 ]

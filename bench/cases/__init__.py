@@ -53,5 +53,6 @@ CASES = [
     Case("scaling_laws", "electives.scaling_laws", "Scaling laws: a sweep of sizes and an IsoFLOP curve", "docs/electives/scaling-laws.md"),
     Case("test_time_compute", "electives.test_time_compute", "Test-time compute: self-consistency and best-of-n", "docs/electives/test-time-compute.md"),
     Case("ssm", "electives.ssm", "A selective state-space model against attention", "docs/electives/state-space-models.md"),
+    Case("policy_gradient", "electives.policy_gradient", "Policy gradients with a verifiable reward", "docs/electives/policy-gradient.md"),
 ]
 BY_NAME = {case.name: case for case in CASES}

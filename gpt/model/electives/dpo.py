@@ -94,10 +94,12 @@ def continuation_mask(prompt_lengths, lengths, width):
     return ((positions >= prompt_lengths[:, None] - 1) & (positions < lengths[:, None] - 1)).astype(np.float64)
 
 
-def sequence_log_probs(model, tokens, prompt_lengths, lengths):
+def sequence_log_probs(model, tokens, prompt_lengths, lengths, temperature=1.0):
     """log π(continuation | prompt) of each row, a (N,) tensor: the sum of the log-probabilities of
     the continuation's tokens (the module docstring). tokens (N, L) int, right-padded; prompt_lengths
-    and lengths (N,): the prompt's tokens and the row's before padding, 1 <= prompt < length <= L."""
+    and lengths (N,): the prompt's tokens and the row's before padding, 1 <= prompt < length <= L.
+    temperature: the distribution softmax(logits / temperature), the one sampling at that
+    temperature draws from (policy gradients need the log-probabilities of what they sampled)."""
     tokens = np.asarray(tokens)
     prompt_lengths, lengths = np.asarray(prompt_lengths), np.asarray(lengths)
     N, L = tokens.shape
@@ -107,6 +109,8 @@ def sequence_log_probs(model, tokens, prompt_lengths, lengths):
             f"got {prompt_lengths.tolist()} and {lengths.tolist()}"
         )
     logits, _ = model(tokens[:, :-1])  # (N, L-1, V)
+    if temperature != 1.0:
+        logits = logits / temperature
     log_probs = F.log_softmax(logits, dim=-1)  # (N, L-1, V)
     rows, positions = np.arange(N)[:, None], np.arange(L - 1)[None, :]
     picked = log_probs[rows, positions, tokens[:, 1:]]  # (N, L-1): log p(tokens[t+1] | tokens[:t+1])
