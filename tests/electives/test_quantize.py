@@ -456,18 +456,23 @@ def test_the_decode_kernel_reads_the_codes_as_the_modules_do(bits, group_size, t
 @needs_jit
 @pytest.mark.parametrize("bits, group_size", [(8, None), (4, 4)])
 def test_quantized_generation_takes_the_decode_kernel(bits, group_size, monkeypatch):
-    """Under the fast set a quantized model's steps (a short prompt, then one token each) are decode
-    kernel calls, and its greedy tokens are those of the readable set's modules."""
+    """Under the fast set a quantized model's greedy steps (a short prompt, then one token each) are
+    decode kernel calls, and its greedy tokens are those of the readable set's modules; sampled
+    steps too."""
     from gpt.generation import decode_kernel
 
     calls = []
-    original = decode_kernel.decode
-    monkeypatch.setattr(decode_kernel, "decode", lambda *args: calls.append(1) or original(*args))
+    for name in ("decode", "decode_greedy"):
+        original = getattr(decode_kernel, name)
+        monkeypatch.setattr(decode_kernel, name, lambda *args, name=name, original=original: calls.append(name) or original(*args))
     model = quantized_copy(tiny_gpt(2, True), bits, group_size)
     prompt = np.array([[1, 5, 2]])
     with mt.using_kernels("fast"):
         fast = model.generate(prompt, 4, temperature=0).numpy()
+        assert calls == ["decode_greedy"]  # the prompt and every step the window holds, in one call
+        calls.clear()
+        model.generate(prompt, 4, temperature=1.0, seed=0)
+        assert calls == ["decode"] * 4  # the 3-token prompt, then one call per token fed
     with mt.using_kernels("readable"):
         readable = model.generate(prompt, 4, temperature=0).numpy()
-    assert len(calls) == 4  # the 3-token prompt, then one call per token fed
     np.testing.assert_array_equal(fast, readable)
