@@ -365,3 +365,29 @@ def test_the_optimizers_fast_updates_are_the_readable_ones_bit_for_bit(size, dty
         fast_update(*fast_arrays, *scalars)
         for readable_array, fast_array in zip(readable_arrays, fast_arrays):
             np.testing.assert_array_equal(fast_array, readable_array)
+
+
+def test_the_cache_key_reads_every_source_and_no_cached_kernel(tmp_path, monkeypatch):
+    """sources_hash, the key of the on-disk kernel cache, changes with an edit to any source of the
+    package or a new one, sees microtensor/fast/ only for fast kernels, and never walks into the
+    __pycache__ folders (hundreds of cached kernels: every kernel made walks the package)."""
+    from microtensor import kernels
+
+    package = tmp_path / "package"
+    (package / "fast").mkdir(parents=True)
+    (package / "__pycache__").mkdir()
+    (package / "ops.py").write_text("a = 1\n")
+    (package / "fast" / "twin.py").write_text("b = 1\n")
+    monkeypatch.setattr(kernels, "PACKAGE_DIR", package)
+    monkeypatch.setattr(kernels, "FAST_DIR", package / "fast")
+    readable, fast = kernels.sources_hash(package / "ops.py"), kernels.sources_hash(package / "ops.py", include_fast=True)
+    (package / "__pycache__" / "left_over.py").write_text("c = 1\n")
+    assert kernels.sources_hash(package / "ops.py") == readable, "a file in __pycache__ is no source"
+    (package / "fast" / "twin.py").write_text("b = 22\n")
+    assert kernels.sources_hash(package / "ops.py") == readable, "a readable kernel never imports microtensor/fast/"
+    assert kernels.sources_hash(package / "ops.py", include_fast=True) != fast
+    (package / "ops.py").write_text("a = 333\n")
+    edited = kernels.sources_hash(package / "ops.py")
+    assert edited != readable
+    (package / "new.py").write_text("d = 1\n")
+    assert kernels.sources_hash(package / "ops.py") != edited
