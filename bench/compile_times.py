@@ -32,7 +32,8 @@ class CompileTimes(event.Listener):
         dispatcher, args = ev.data["dispatcher"], str(ev.data["args"])
         start, cpu_start = self.started.pop((id(dispatcher), args))
         function = dispatcher.py_func
-        name = f"{function.__module__}.{function.__qualname__}"
+        tag = getattr(getattr(getattr(dispatcher, "_cache", None), "_impl_class", None), "tag", "")  # microtensor's kernel(tag=...)
+        name = f"{function.__module__}.{function.__qualname__}" + (f" ({tag})" if tag else "")
         self.done.append((start, time.perf_counter(), time.thread_time() - cpu_start, name, args))
 
     def outermost(self):

@@ -179,27 +179,27 @@ _file_hashes = {}  # path -> (mtime, size, sha256 digest)
 
 
 def _file_hash(path):
-    stat = path.stat()
+    stat = os.stat(path)
     known = _file_hashes.get(path)
     if known is None or known[:2] != (stat.st_mtime_ns, stat.st_size):
-        known = (stat.st_mtime_ns, stat.st_size, hashlib.sha256(path.read_bytes()).digest())
+        known = (stat.st_mtime_ns, stat.st_size, hashlib.sha256(Path(path).read_bytes()).digest())
         _file_hashes[path] = known
     return known[2]
 
 
 def sources_hash(source_file, include_fast=False):
-    """A hash of every file a kernel defined in `source_file` may depend on: the package's Python
-    files (all of them for a fast kernel or when `include_fast`; all but microtensor/fast/ for a
-    readable one, which never imports it), and `source_file` itself when it lies outside the
-    package (an exercise's file)."""
+    """A hash of the package's Python files (all but microtensor/fast/ for a readable kernel, which
+    never imports it), and of `source_file` when it lies outside the package (an exercise's file).
+    Every kernel made asks for it: the walk skips __pycache__ (the cached kernels) and pathlib."""
     source_file = Path(source_file).resolve()
-    include_fast = include_fast or FAST_DIR in source_file.parents
-    files = sorted(p for p in PACKAGE_DIR.rglob("*.py") if include_fast or FAST_DIR not in p.parents)
-    if PACKAGE_DIR not in source_file.parents:
-        files.append(source_file)
+    include_fast, files = include_fast or FAST_DIR in source_file.parents, []
+    for folder, subfolders, names in os.walk(PACKAGE_DIR):
+        subfolders[:] = sorted(s for s in subfolders if s != "__pycache__" and (include_fast or os.path.join(folder, s) != str(FAST_DIR)))
+        files += sorted(os.path.join(folder, name) for name in names if name.endswith(".py"))
+    files += [] if PACKAGE_DIR in source_file.parents else [str(source_file)]
     digest = hashlib.sha256()
     for path in files:
-        digest.update(str(path.relative_to(path.anchor)).encode())
+        digest.update(os.path.splitdrive(path)[1].lstrip(os.sep).encode())  # the path without its root
         digest.update(_file_hash(path))
     return digest.hexdigest()
 

@@ -469,3 +469,26 @@ def test_profile_section():
         "| everything else (the backward walk, Python between ops, the optimizer's loop) | | 3.50 | | |",
         "| the step (mean) | | 22.70 | | |",
     ])  # fmt: skip
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="it lists what Numba compiles")
+def test_compile_times_names_a_tagged_compilation_by_its_tag(tmp_path):
+    """A loop compiled twice (kernel(tag=...): with threads and without, say) is listed twice, each
+    by its tag, so that a cold start's table says which of the two compiled."""
+    import json
+    import subprocess
+
+    script = tmp_path / "two_compilations.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from microtensor.kernels import kernel\n"
+        "def double(x):\n"
+        "    return 2 * x[0]\n"
+        "kernel(double)(np.ones(1))\n"
+        "kernel(tag='serial')(double)(np.ones(1))\n"
+    )
+    environment = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(BENCH / "compile_times.py"), str(script)], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    kernels = json.loads(done.stdout.strip().splitlines()[-1])["kernels_cpu"]
+    assert sorted(kernels) == ["__main__.double", "__main__.double (serial)"], kernels

@@ -328,12 +328,15 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
 
 @needs_jit
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(), (5,), (3, 7), (12, 64, 128)])  # one thread, and shared
-def test_the_sum_of_two_gradients_is_numpys_bit_for_bit(shape, dtype):
+@pytest.mark.parametrize("shape", [(), (5,), (3, 7), (12, 64, 128)])
+@pytest.mark.parametrize("shared", [False, True], ids=["one_thread", "shared"])
+def test_the_sum_of_two_gradients_is_numpys_bit_for_bit(shape, dtype, shared, monkeypatch):
     """The walk adds the gradients reaching one tensor along two paths; the fast twin adds them on
     every thread, element by element: the same sums as numpy's, in a new array."""
     from microtensor import autograd
     from microtensor.fast import memory
+
+    monkeypatch.setattr(memory, "SHARED_SUM_MIN_ELEMENTS_PER_THREAD", 1 if shared else 10**12)
 
     rng = np.random.default_rng(len(shape))
     held, more = (np.asarray(rng.standard_normal(shape)).astype(dtype) for _ in range(2))
@@ -341,6 +344,23 @@ def test_the_sum_of_two_gradients_is_numpys_bit_for_bit(shape, dtype):
         total = memory.add_gradients(a, b)
         np.testing.assert_array_equal(total, autograd.add_gradients(a, b))
         assert not np.shares_memory(total, a) and not np.shares_memory(total, b)
+
+
+@needs_jit
+def test_only_a_large_sum_of_gradients_is_shared_among_the_threads(monkeypatch):
+    """The default recipe's residual stream (12 × 64 × 128) is added on the calling thread, by the
+    loop compiled without threads: the parallel loop is compiled and run only for gradients of at
+    least SHARED_SUM_MIN_ELEMENTS_PER_THREAD numbers per thread."""
+    from microtensor.fast import memory
+
+    ran = []
+    monkeypatch.setattr(memory, "add_elements", lambda held, more, total: ran.append(("shared", held.size)))
+    monkeypatch.setattr(memory, "add_elements_serial", lambda held, more, total: ran.append(("one thread", held.size)))
+    threads = numba.get_num_threads()
+    default, large = 12 * 64 * 128, 2 * memory.SHARED_SUM_MIN_ELEMENTS_PER_THREAD * threads
+    for size in (default, large):
+        memory.add_gradients(np.ones(size, np.float32), np.ones(size, np.float32))
+    assert ran == [("one thread" if default < memory.SHARED_SUM_MIN_ELEMENTS_PER_THREAD * threads else "shared", default), ("shared", large)]
 
 
 @needs_jit
@@ -365,3 +385,29 @@ def test_the_optimizers_fast_updates_are_the_readable_ones_bit_for_bit(size, dty
         fast_update(*fast_arrays, *scalars)
         for readable_array, fast_array in zip(readable_arrays, fast_arrays):
             np.testing.assert_array_equal(fast_array, readable_array)
+
+
+def test_the_cache_key_reads_every_source_and_no_cached_kernel(tmp_path, monkeypatch):
+    """sources_hash, the key of the on-disk kernel cache, changes with an edit to any source of the
+    package or a new one, sees microtensor/fast/ only for fast kernels, and never walks into the
+    __pycache__ folders (hundreds of cached kernels: every kernel made walks the package)."""
+    from microtensor import kernels
+
+    package = tmp_path / "package"
+    (package / "fast").mkdir(parents=True)
+    (package / "__pycache__").mkdir()
+    (package / "ops.py").write_text("a = 1\n")
+    (package / "fast" / "twin.py").write_text("b = 1\n")
+    monkeypatch.setattr(kernels, "PACKAGE_DIR", package)
+    monkeypatch.setattr(kernels, "FAST_DIR", package / "fast")
+    readable, fast = kernels.sources_hash(package / "ops.py"), kernels.sources_hash(package / "ops.py", include_fast=True)
+    (package / "__pycache__" / "left_over.py").write_text("c = 1\n")
+    assert kernels.sources_hash(package / "ops.py") == readable, "a file in __pycache__ is no source"
+    (package / "fast" / "twin.py").write_text("b = 22\n")
+    assert kernels.sources_hash(package / "ops.py") == readable, "a readable kernel never imports microtensor/fast/"
+    assert kernels.sources_hash(package / "ops.py", include_fast=True) != fast
+    (package / "ops.py").write_text("a = 333\n")
+    edited = kernels.sources_hash(package / "ops.py")
+    assert edited != readable
+    (package / "new.py").write_text("d = 1\n")
+    assert kernels.sources_hash(package / "ops.py") != edited

@@ -13,7 +13,14 @@ so its time is the time to bring the rows in from memory, and one core alone can
 the memory bandwidth (on many-core server chips it gets well under half). Two cores reading half
 the rows each take about half the time; the rows are also those the previous parallel kernel left
 in each core's cache.
+
+Why not always: rows that give each thread fewer than `MIN_ELEMENTS_PER_THREAD` numbers fit in one
+core's own cache, where memory bandwidth is not what limits, and a second thread saves a few
+microseconds a call. Those run the same loop compiled without threads (`*_serial`): compiling a
+parallel loop takes three times as long, and a short run (the default recipe's rows are below the
+line) would spend more compiling it than it ever saves.
 """
+import numba
 import numpy as np
 from numba import prange
 
@@ -21,10 +28,17 @@ from ..kernels import fast_twin, kernel
 from ..ops import layer_norm as readable
 from .vector_math import REDUCE_FASTMATH
 
+# The fewest numbers a thread's share of the rows must hold for the rows to be shared: 64 Ki, 256 KiB
+# of float32 (smaller shares stay in the core's own cache from the kernel before).
+MIN_ELEMENTS_PER_THREAD = 65536
 
-@fast_twin(readable.layer_norm_forward)
+
+def _worth_sharing(x):
+    return x.size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
+
+
 @kernel(parallel=True, fastmath=REDUCE_FASTMATH)
-def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
+def layer_norm_forward_in_parallel(x, weight, bias, eps, y, mean, rstd):
     """x (N, C), weight (C,), bias (C,) -> y (N, C); saves mean (N,) and rstd (N,); rows in parallel."""
     N, C = x.shape
     zero, one, count = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)  # typed: no float64 creeps in
@@ -43,9 +57,8 @@ def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
         rstd[n] = r
 
 
-@fast_twin(readable.layer_norm_backward_input)
 @kernel(parallel=True, fastmath=REDUCE_FASTMATH)
-def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
+def layer_norm_backward_input_in_parallel(grad_out, x, weight, mean, rstd, grad_x):
     """grad_x (N, C) = rstd (d - mean(d) - xhat mean(d xhat)), d = grad_out * weight; rows in parallel."""
     N, C = x.shape
     zero, count = x.dtype.type(0), x.dtype.type(C)
@@ -62,3 +75,20 @@ def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
         for c in range(C):
             xhat = (x[n, c] - m) * r
             grad_x[n, c] = r * (grad_out[n, c] * weight[c] - d_mean - xhat * d_xhat_mean)
+
+
+# The same loops compiled without threads: `prange` runs as `range`.
+layer_norm_forward_serial = kernel(fastmath=REDUCE_FASTMATH, tag="serial")(layer_norm_forward_in_parallel)
+layer_norm_backward_input_serial = kernel(fastmath=REDUCE_FASTMATH, tag="serial")(layer_norm_backward_input_in_parallel)
+
+
+@fast_twin(readable.layer_norm_forward)
+def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
+    forward = layer_norm_forward_in_parallel if _worth_sharing(x) else layer_norm_forward_serial
+    forward(x, weight, bias, eps, y, mean, rstd)
+
+
+@fast_twin(readable.layer_norm_backward_input)
+def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
+    backward = layer_norm_backward_input_in_parallel if _worth_sharing(x) else layer_norm_backward_input_serial
+    backward(grad_out, x, weight, mean, rstd, grad_x)

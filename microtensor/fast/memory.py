@@ -13,6 +13,10 @@ block's branch and one straight through the sum) added by all the threads, each 
 band of rows as the parallel kernels that wrote them. An addition is nothing but memory traffic,
 and one core alone cannot draw all of a chip's memory bandwidth; each band is also, mostly, in the
 cache of the core that adds it. Each element is the same sum as numpy's, so the result is equal.
+Gradients smaller than `SHARED_SUM_MIN_ELEMENTS_PER_THREAD` numbers per thread (the default
+recipe's residual stream among them) fit in the cache of the core that wrote them: the same loop
+compiled without threads adds them on the calling thread, and the parallel loop is compiled only
+when a larger one comes. Below a page per thread, numpy adds them.
 """
 import numba
 import numpy as np
@@ -44,12 +48,21 @@ def copy_gradient(grad):
 MIN_ELEMENTS_PER_THREAD = 1024
 
 
+# The fewest numbers per thread worth sharing an addition among the threads: 64 Ki, 256 KiB of
+# float32. Below it a second thread saves little, and compiling a parallel loop takes three times
+# as long as a serial one: a short run would spend more compiling it than it saves.
+SHARED_SUM_MIN_ELEMENTS_PER_THREAD = 65536
+
+
 @kernel(parallel=True)
 def add_elements(held, more, total):
     """total[i] = held[i] + more[i] for three 1-D arrays of one dtype, the elements shared among
     the threads in contiguous bands."""
     for i in prange(held.shape[0]):
         total[i] = held[i] + more[i]
+
+
+add_elements_serial = kernel(tag="serial")(add_elements)  # the same loop without threads: prange runs as range
 
 
 @fast_twin(readable_add_gradients)
@@ -64,5 +77,6 @@ def add_gradients(held, more):
     ):
         return held + more
     total = np.empty_like(held)
-    add_elements(held.reshape(-1), more.reshape(-1), total.reshape(-1))
+    add = add_elements if size >= SHARED_SUM_MIN_ELEMENTS_PER_THREAD * numba.get_num_threads() else add_elements_serial
+    add(held.reshape(-1), more.reshape(-1), total.reshape(-1))
     return total

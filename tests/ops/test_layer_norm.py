@@ -11,7 +11,7 @@ import microtensor as mt
 import microtensor.functional as F
 from microtensor.ops import layer_norm
 from microtensor.ops.layer_norm import layer_norm_reference
-from helpers import AGREE, assert_close, kernel_pair, norm_problem, randn
+from helpers import AGREE, assert_close, kernel_pair, needs_jit, norm_problem, randn
 
 
 def test_layer_norm_by_plain_loops(kernel_set):
@@ -26,8 +26,14 @@ def test_layer_norm_by_plain_loops(kernel_set):
     np.testing.assert_allclose(layer_norm_reference(x, w, b), expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["one_thread", "rows_shared"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-def test_layer_norm_kernels_readable_and_fast_agree(dtype):
+def test_layer_norm_kernels_readable_and_fast_agree(dtype, shared, monkeypatch):
+    kernel_pair(layer_norm.layer_norm_forward)  # skips without the JIT
+    from microtensor.fast import layer_norm as fast_layer_norm
+
+    # the fast twins' two compilations of each loop: the rows shared among the threads, or not
+    monkeypatch.setattr(fast_layer_norm, "MIN_ELEMENTS_PER_THREAD", 0 if shared else 10**12)
     x, w, b, g = norm_problem(dtype)
     N, C = x.shape
     eps = dtype(1e-5)
@@ -56,3 +62,26 @@ def test_layer_norm_kernels_readable_and_fast_agree(dtype):
         params.append((grad_w, grad_b))
     for name, readable, fast in zip(("grad_weight", "grad_bias"), *params):
         np.testing.assert_allclose(fast, readable, **AGREE[dtype], err_msg=name)
+
+
+@needs_jit
+def test_the_fast_twins_share_the_rows_only_when_they_are_many(monkeypatch):
+    """At the default recipe's size (B 12 × T 64 rows of 128) a LayerNorm runs on one thread, its
+    loops compiled without threads; rows of more than MIN_ELEMENTS_PER_THREAD numbers per thread
+    are shared among the threads."""
+    import numba
+
+    from microtensor.fast import layer_norm as fast_layer_norm
+
+    ran = []
+    for name in ("layer_norm_forward_in_parallel", "layer_norm_forward_serial",
+                 "layer_norm_backward_input_in_parallel", "layer_norm_backward_input_serial"):  # fmt: skip
+        monkeypatch.setattr(fast_layer_norm, name, lambda *args, name=name: ran.append(name))
+    threads = numba.get_num_threads()
+    for rows in (12 * 64, 2 * fast_layer_norm.MIN_ELEMENTS_PER_THREAD * threads // 128):
+        x = np.zeros((rows, 128), np.float32)
+        fast_layer_norm.layer_norm_forward(x, None, None, 1e-5, None, None, None)
+        fast_layer_norm.layer_norm_backward_input(x, x, None, None, None, None)
+    expected_first = "serial" if 12 * 64 * 128 < fast_layer_norm.MIN_ELEMENTS_PER_THREAD * threads else "in_parallel"
+    assert ran == [f"layer_norm_forward_{expected_first}", f"layer_norm_backward_input_{expected_first}",
+                   "layer_norm_forward_in_parallel", "layer_norm_backward_input_in_parallel"]  # fmt: skip
