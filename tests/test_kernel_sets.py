@@ -277,6 +277,7 @@ DELIBERATE_FLOAT64 = {
 }
 
 
+@pytest.mark.slow  # it compiles every float32 kernel again, uncached: 20 s of the default run's 5 minutes
 @needs_jit
 def test_float32_kernels_do_their_arithmetic_in_float32():
     """A Python number literal (`1 + x`, `0.5 * x`) can make a float32 kernel compute in float64.

@@ -267,6 +267,7 @@ def test_experts_cannot_be_checkpointed(tmp_path, corpus, capsys):
     assert code == 1 and "error: --checkpoint-activations: given True, expected no --mlp moe" in said(capsys)
 
 
+@pytest.mark.slow  # two training runs and a resumed one
 def test_train_with_checkpointing_gives_the_same_weights_and_resumes_exactly(tmp_path, corpus):
     one, two, three = (tmp_path / name for name in ("one", "two", "three"))
     for folder in (one, two, three):
