@@ -649,7 +649,7 @@ MUTANTS = [
         "sample.greedy_argmin", "gpt/generation/sampling.py",
         "return logits.argmax(axis=-1)",
         "return logits.argmin(axis=-1)",
-        "tests/test_gpt.py -k sampling",
+        'tests/test_gpt.py -k "sampling_options or greedy_sampling"',
         jit=True,
     ),
     Mutant(

@@ -98,6 +98,13 @@ def test_kv_cache_equals_recomputation_past_block_size(options):
     assert len(cached) == 120  # 3 + 120 tokens: the window moves past block_size 8 many times
 
 
+def test_greedy_sampling_takes_the_largest_logit_ties_to_the_lower_id():
+    """Temperature 0 in `sample`, which the module path and every sampled step's caller use (the
+    fast set's greedy generation picks its tokens in the decode kernel instead)."""
+    logits = np.array([[0.1, 2.0, -1.0, 2.0], [-3.0, -2.5, -4.0, -2.6], [5.0, 5.0, 5.0, 5.0]])
+    np.testing.assert_array_equal(sample(logits, 0, None, None, np.random.default_rng(0)), [1, 1, 0])
+
+
 def test_sampling_options():
     model = tiny(dtype=mt.float32)
     prompt = np.array([[1, 2]])
