@@ -94,15 +94,9 @@ def main(argv=None):
 def check_args(args, explicit=()):
     """Every flag before anything is read; the first that cannot work is a FlagError naming it."""
 
-    def need(ok, name, expected):
-        if not ok:
-            raise FlagError(name, getattr(args, name), expected)
-
+    need = cli.flag_check(args)
     if args.resume:
-        given = sorted(name for name in explicit if name in KEPT_ON_RESUME)
-        if given:
-            raise FlagError(given[0], f"{getattr(args, given[0])} with --resume", "no such flag: a resumed fine-tuning keeps its checkpoint's settings; drop it")
-        need(not args.force, "force", "one of --resume and --force")
+        cli.refuse_settings_on_resume(args, explicit, KEPT_ON_RESUME)
         return
     need(args.init_from is not None, "init_from", "a folder holding a checkpoint train.py --data addition wrote: --init-from DIR")
     need(math.isfinite(args.beta) and args.beta >= 0, "beta", "a finite number >= 0 (β < 0 would reward moving away from the reference)")

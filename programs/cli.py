@@ -68,6 +68,27 @@ def say(prefix, message):
     console.print(f"[bold red]{prefix}:[/] {escape(message)}", highlight=False)
 
 
+def flag_check(args):
+    """need(ok, name, expected): a FlagError naming --name, the value given and what was expected,
+    unless ok. A program's check_args calls it once per rule, in the order the flags are read."""
+
+    def need(ok, name, expected):
+        if not ok:
+            raise FlagError(name, getattr(args, name), expected)
+
+    return need
+
+
+def refuse_settings_on_resume(args, explicit, kept):
+    """A resumed fine-tuning keeps its checkpoint's settings: a flag of `kept` (names) given again is
+    refused, and so is --force beside --resume."""
+    given = sorted(name for name in explicit if name in kept)
+    if given:
+        raise FlagError(given[0], f"{getattr(args, given[0])} with --resume", "no such flag: a resumed fine-tuning keeps its checkpoint's settings; drop it")
+    if args.force:
+        raise FlagError("force", args.force, "one of --resume and --force")
+
+
 def explicit_flags(parser, argv):
     """The dests of the flags given on the command line (not left at their defaults): argparse sets a
     default only when the namespace lacks the attribute, so a namespace filled with a marker keeps
