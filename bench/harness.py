@@ -15,6 +15,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import platform
 import re
@@ -25,6 +26,7 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import numpy as np
 
@@ -611,3 +613,72 @@ def cpu_section(folder, cases, notes):
             sections.append(f"From `python bench/run.py {case.name}` ({case.doc} explains it).\n")
             sections.append(case.module().markdown(data).rstrip() + "\n")
     return sections
+
+
+# --------------------------------------------------------------------- docs pages a case regenerates
+
+
+def page_with_generated_part(case, page_text, generated, begin, end):
+    """page_text with its part between the lines `begin` and `end` replaced by `generated`; a page
+    without the two lines is an error naming the case (the prose would be lost otherwise)."""
+    from microtensor import MicrotensorError
+
+    if begin not in page_text or end not in page_text:
+        raise MicrotensorError(f"{case}: the page lacks the lines that mark its generated part:\n{begin}\n{end}")
+    head, rest = page_text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n\n{generated}\n{end}{tail}"
+
+
+def write_figures_and_page(figures, figure_folder, page, with_results):
+    """Write `figures` ({file name: SVG text}) into figure_folder and the page as `with_results`
+    (page text -> page text) makes it; a page that does not exist yet starts empty. Returns the
+    paths written."""
+    figure_folder, page = Path(figure_folder), Path(page)
+    figure_folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, svg in figures.items():
+        (figure_folder / name).write_text(svg, encoding="utf-8")
+        written.append(figure_folder / name)
+    text = page.read_text(encoding="utf-8") if page.exists() else ""
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(with_results(text), encoding="utf-8")
+    return [*written, page]
+
+
+SVG_WIDTH, SVG_HEIGHT = 760, 440
+SVG_MARGIN = {"left": 72, "right": 24, "top": 80, "bottom": 56}
+
+
+def log_x_chart(title, note, x_range, y_range, x_ticks, y_ticks, x_label, y_label):
+    """The start of an SVG chart whose x axis is logarithmic: (frame, parts). x_range: (low, high) of
+    log10 x; y_range: (low, high); x_ticks: [(x, label)]; y_ticks: [(y, label)]; frame (programs/
+    loss_plot.Frame) places a point at (frame.x(log10 x), frame.y(y)). The caller adds its series
+    to parts, then "</svg>"."""
+    from programs import loss_plot
+
+    frame = loss_plot.Frame(
+        left=SVG_MARGIN["left"], top=SVG_MARGIN["top"], width=SVG_WIDTH - SVG_MARGIN["left"] - SVG_MARGIN["right"],
+        height=SVG_HEIGHT - SVG_MARGIN["top"] - SVG_MARGIN["bottom"],
+        step_min=x_range[0], step_max=x_range[1], loss_min=y_range[0], loss_max=y_range[1],
+    )  # fmt: skip
+    right, bottom = frame.left + frame.width, frame.top + frame.height
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_WIDTH}" height="{SVG_HEIGHT}" viewBox="0 0 {SVG_WIDTH} {SVG_HEIGHT}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{SVG_WIDTH}" height="{SVG_HEIGHT}" fill="white"/>',
+        f'<text x="{SVG_WIDTH / 2}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{escape(title)}</text>',
+        f'<text x="{SVG_WIDTH / 2}" y="44" text-anchor="middle" fill="#555">{escape(note)}</text>',
+    ]  # loss_plot.heading centres on its own, wider page
+    for x_value, label in x_ticks:
+        x = frame.x(math.log10(x_value))
+        parts.append(f'<line x1="{x:.2f}" y1="{frame.top}" x2="{x:.2f}" y2="{bottom}" stroke="#e4e4e4"/>')
+        parts.append(f'<text class="x-tick" x="{x:.2f}" y="{bottom + 16}" text-anchor="middle">{escape(label)}</text>')
+    for y_value, label in y_ticks:
+        y = frame.y(y_value)
+        parts.append(f'<line x1="{frame.left}" y1="{y:.2f}" x2="{right}" y2="{y:.2f}" stroke="#e4e4e4"/>')
+        parts.append(f'<text class="y-tick" x="{frame.left - 6}" y="{y + 4:.2f}" text-anchor="end">{label}</text>')
+    middle_y = frame.top + frame.height / 2
+    parts.append(f'<text id="x-label" x="{frame.left + frame.width / 2}" y="{SVG_HEIGHT - 14}" text-anchor="middle">{escape(x_label)}</text>')
+    parts.append(f'<text id="y-label" x="22" y="{middle_y}" text-anchor="middle" transform="rotate(-90 22 {middle_y})">{escape(y_label)}</text>')
+    parts.append(f'<rect id="plot-area" x="{frame.left}" y="{frame.top}" width="{frame.width}" height="{frame.height}" fill="none" stroke="#333"/>')
+    return frame, parts

@@ -492,3 +492,15 @@ def test_compile_times_names_a_tagged_compilation_by_its_tag(tmp_path):
                           capture_output=True, text=True, check=True)  # fmt: skip
     kernels = json.loads(done.stdout.strip().splitlines()[-1])["kernels_cpu"]
     assert sorted(kernels) == ["__main__.double", "__main__.double (serial)"], kernels
+
+
+def test_a_generated_part_replaces_only_what_lies_between_its_lines():
+    """A case that regenerates a docs page keeps the prose around its part, and refuses a page that
+    lacks the two lines (its whole text would be lost)."""
+    from microtensor import MicrotensorError
+
+    begin, end = "<!-- begin -->", "<!-- end -->"
+    page = f"prose before\n{begin}\n\nold table\n{end}\nprose after\n"
+    assert harness.page_with_generated_part("case", page, "new table\n", begin, end) == f"prose before\n{begin}\n\nnew table\n\n{end}\nprose after\n"
+    with pytest.raises(MicrotensorError, match="case: the page lacks the lines that mark its generated part"):
+        harness.page_with_generated_part("case", "prose alone\n", "new table\n", begin, end)

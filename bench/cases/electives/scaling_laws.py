@@ -37,7 +37,7 @@ import numpy as np
 if __name__ == "__main__":  # run as a script (--render): the harness and the project from the checkout
     sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[3])]
 
-from harness import ROOT, TINYSHAKESPEARE, conditions_line, results_folder
+from harness import ROOT, TINYSHAKESPEARE, conditions_line, log_x_chart, page_with_generated_part, results_folder, write_figures_and_page
 
 from microtensor import MicrotensorError
 from programs import loss_plot
@@ -427,8 +427,6 @@ def measure(args, machine):
 # ================================================================================= the figures
 
 
-WIDTH, HEIGHT = 760, 440
-MARGIN = {"left": 72, "right": 24, "top": 80, "bottom": 56}
 COLORS = {"tokens": "#1f5f99", "isoflop": "#c0282d", "fit": "#e07b00"}
 
 
@@ -457,29 +455,11 @@ def scaling_svg(title, note, points, curves, marker=None, x_label="non-embedding
     loss_plot.check_finite("the losses", all_loss)
     low, high = math.log10(min(all_n)) - 0.08, math.log10(max(all_n)) + 0.08
     pad = (max(all_loss) - min(all_loss)) / 20 or 0.5
-    frame = loss_plot.Frame(
-        left=MARGIN["left"], top=MARGIN["top"], width=WIDTH - MARGIN["left"] - MARGIN["right"], height=HEIGHT - MARGIN["top"] - MARGIN["bottom"],
-        step_min=low, step_max=high, loss_min=min(all_loss) - pad, loss_max=max(all_loss) + pad,
-    )  # fmt: skip
-    right, bottom = frame.left + frame.width, frame.top + frame.height
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{WIDTH / 2}" y="44" text-anchor="middle" fill="#555">{escape(note)}</text>',
-    ]  # loss_plot.heading centres on its own, wider page
-    for n in log_ticks(10**low, 10**high):
-        x = frame.x(math.log10(n))
-        parts.append(f'<line x1="{x:.2f}" y1="{frame.top}" x2="{x:.2f}" y2="{bottom}" stroke="#e4e4e4"/>')
-        parts.append(f'<text class="x-tick" x="{x:.2f}" y="{bottom + 16}" text-anchor="middle">{size_label(n)}</text>')
-    for loss in loss_plot.nice_ticks(frame.loss_min, frame.loss_max):
-        y = frame.y(loss)
-        parts.append(f'<line x1="{frame.left}" y1="{y:.2f}" x2="{right}" y2="{y:.2f}" stroke="#e4e4e4"/>')
-        parts.append(f'<text class="y-tick" x="{frame.left - 6}" y="{y + 4:.2f}" text-anchor="end">{loss:.2f}</text>')
-    middle_y = frame.top + frame.height / 2
-    parts.append(f'<text id="x-label" x="{frame.left + frame.width / 2}" y="{HEIGHT - 14}" text-anchor="middle">{escape(x_label)}</text>')
-    parts.append(f'<text id="y-label" x="22" y="{middle_y}" text-anchor="middle" transform="rotate(-90 22 {middle_y})">held-out loss (nats)</text>')
-    parts.append(f'<rect id="plot-area" x="{frame.left}" y="{frame.top}" width="{frame.width}" height="{frame.height}" fill="none" stroke="#333"/>')
+    x_ticks = [(n, size_label(n)) for n in log_ticks(10**low, 10**high)]
+    loss_range = (min(all_loss) - pad, max(all_loss) + pad)
+    y_ticks = [(loss, f"{loss:.2f}") for loss in loss_plot.nice_ticks(*loss_range)]
+    frame, parts = log_x_chart(title, note, (low, high), loss_range, x_ticks, y_ticks, x_label, "held-out loss (nats)")
+    bottom = frame.top + frame.height
     for row, (series, label, line, dashed) in enumerate(curves):
         coordinates = " ".join(f"{frame.x(math.log10(n)):.2f},{frame.y(loss):.2f}" for n, loss in line)
         dash = ' stroke-dasharray="6 4"' if dashed else ""
@@ -613,26 +593,14 @@ def generated_part(data):
 def page_with_results(page_text, data):
     """page_text with its part between BEGIN and END replaced by `generated_part(data)`; a page
     without the two lines is an error (the prose would be lost otherwise)."""
-    if BEGIN not in page_text or END not in page_text:
-        raise MicrotensorError(f"scaling_laws: the page lacks the lines that mark its generated part:\n{BEGIN}\n{END}")
-    head, rest = page_text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n\n{generated_part(data)}\n{END}{tail}"
+    return page_with_generated_part("scaling_laws", page_text, generated_part(data), BEGIN, END)
 
 
 def write_docs(data, figure_folder=FIGURES, page=PAGE):
     """Write the two figures into figure_folder and the results into the page; a page that does not
     exist yet gets the generated part alone. Returns the paths written."""
-    figure_folder, page = Path(figure_folder), Path(page)
-    figure_folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, svg in figures(data).items():
-        (figure_folder / FIGURE_NAMES[name]).write_text(svg, encoding="utf-8")
-        written.append(figure_folder / FIGURE_NAMES[name])
-    text = page.read_text(encoding="utf-8") if page.exists() else f"{BEGIN}\n{END}\n"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(page_with_results(text, data), encoding="utf-8")
-    return [*written, page]
+    svgs = {FIGURE_NAMES[name]: svg for name, svg in figures(data).items()}
+    return write_figures_and_page(svgs, figure_folder, page, lambda text: page_with_results(text or f"{BEGIN}\n{END}\n", data))
 
 
 def markdown(data):

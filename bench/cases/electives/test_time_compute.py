@@ -26,10 +26,9 @@ from xml.sax.saxutils import escape
 if __name__ == "__main__":  # run as a script (--render): the harness and the project from the checkout
     sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[3])]
 
-from harness import ROOT, conditions_line, results_folder
+from harness import ROOT, conditions_line, log_x_chart, page_with_generated_part, results_folder, write_figures_and_page
 
 from cases.electives.scaling_laws import log_ticks
-from microtensor import MicrotensorError
 from programs import loss_plot
 
 FIGURES = ROOT / "docs" / "images"
@@ -111,8 +110,6 @@ def measure(args, machine):
 # ================================================================================= the figures
 
 
-WIDTH, HEIGHT = 760, 440
-MARGIN = {"left": 72, "right": 24, "top": 80, "bottom": 56}
 
 
 def accuracy_svg(title, note, x_label, series, ticks, baseline):
@@ -123,30 +120,10 @@ def accuracy_svg(title, note, x_label, series, ticks, baseline):
     accuracies = [a for points in series.values() for _, a, _ in points] + [baseline[0]]
     loss_plot.check_finite("the accuracies", accuracies)
     low, high = math.log10(min(xs)) - 0.05, math.log10(max(xs)) + 0.05
-    top = min(1.0, max(accuracies) + 0.05)
-    frame = loss_plot.Frame(
-        left=MARGIN["left"], top=MARGIN["top"], width=WIDTH - MARGIN["left"] - MARGIN["right"], height=HEIGHT - MARGIN["top"] - MARGIN["bottom"],
-        step_min=low, step_max=high, loss_min=max(0.0, min(accuracies) - 0.05), loss_max=top,
-    )  # fmt: skip
-    right, bottom = frame.left + frame.width, frame.top + frame.height
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{WIDTH / 2}" y="44" text-anchor="middle" fill="#555">{escape(note)}</text>',
-    ]
-    for x_value, label in ticks:
-        x = frame.x(math.log10(x_value))
-        parts.append(f'<line x1="{x:.2f}" y1="{frame.top}" x2="{x:.2f}" y2="{bottom}" stroke="#e4e4e4"/>')
-        parts.append(f'<text class="x-tick" x="{x:.2f}" y="{bottom + 16}" text-anchor="middle">{escape(label)}</text>')
-    for accuracy in loss_plot.nice_ticks(frame.loss_min, frame.loss_max):
-        y = frame.y(accuracy)
-        parts.append(f'<line x1="{frame.left}" y1="{y:.2f}" x2="{right}" y2="{y:.2f}" stroke="#e4e4e4"/>')
-        parts.append(f'<text class="y-tick" x="{frame.left - 6}" y="{y + 4:.2f}" text-anchor="end">{accuracy:.0%}</text>')
-    middle_y = frame.top + frame.height / 2
-    parts.append(f'<text id="x-label" x="{frame.left + frame.width / 2}" y="{HEIGHT - 14}" text-anchor="middle">{escape(x_label)}</text>')
-    parts.append(f'<text id="y-label" x="22" y="{middle_y}" text-anchor="middle" transform="rotate(-90 22 {middle_y})">held-out exact match</text>')
-    parts.append(f'<rect id="plot-area" x="{frame.left}" y="{frame.top}" width="{frame.width}" height="{frame.height}" fill="none" stroke="#333"/>')
+    bottom_accuracy, top = max(0.0, min(accuracies) - 0.05), min(1.0, max(accuracies) + 0.05)
+    y_ticks = [(a, f"{a:.0%}") for a in loss_plot.nice_ticks(bottom_accuracy, top)]
+    frame, parts = log_x_chart(title, note, (low, high), (bottom_accuracy, top), ticks, y_ticks, x_label, "held-out exact match")
+    right = frame.left + frame.width
     y = frame.y(baseline[0])
     parts.append(f'<g id="greedy"><line x1="{frame.left}" y1="{y:.2f}" x2="{right}" y2="{y:.2f}" stroke="#555" stroke-dasharray="4 4"/>')
     parts.append(f'<text x="{right - 6}" y="{y - 6:.2f}" text-anchor="end" fill="#555">{escape(baseline[1])}</text></g>')
@@ -219,25 +196,13 @@ def generated_part(data):
 
 def page_with_results(page_text, data):
     """page_text with its part between BEGIN and END replaced by `generated_part(data)`."""
-    if BEGIN not in page_text or END not in page_text:
-        raise MicrotensorError(f"test_time_compute: the page lacks the lines that mark its generated part:\n{BEGIN}\n{END}")
-    head, rest = page_text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n\n{generated_part(data)}\n{END}{tail}"
+    return page_with_generated_part("test_time_compute", page_text, generated_part(data), BEGIN, END)
 
 
 def write_docs(data, figure_folder=FIGURES, page=PAGE):
     """Write the two figures and the page's results; returns the paths written."""
-    figure_folder, page = Path(figure_folder), Path(page)
-    figure_folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, svg in figures(data).items():
-        (figure_folder / FIGURE_NAMES[name]).write_text(svg, encoding="utf-8")
-        written.append(figure_folder / FIGURE_NAMES[name])
-    text = page.read_text(encoding="utf-8") if page.exists() else f"{BEGIN}\n{END}\n"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(page_with_results(text, data), encoding="utf-8")
-    return [*written, page]
+    svgs = {FIGURE_NAMES[name]: svg for name, svg in figures(data).items()}
+    return write_figures_and_page(svgs, figure_folder, page, lambda text: page_with_results(text or f"{BEGIN}\n{END}\n", data))
 
 
 def markdown(data):
