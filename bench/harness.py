@@ -222,6 +222,41 @@ def trained_checkpoint(folder, data, iters, flags=(), retrain=False):
     return folder
 
 
+def train_in_process(data, out_dir, flags, iters):
+    """train.train (in this process) with `flags` for `iters` steps on `data`: the learning rate
+    decays over the run, one evaluation of 40 batches at its end, no sample. Its results dict."""
+    import train
+
+    recipe = ["--max-iters", str(iters), "--lr-decay-iters", str(iters), "--warmup-iters", str(min(30, iters)),
+              "--eval-interval", str(max(iters, 1)), "--eval-iters", "40", "--sample-chars", "0"]  # fmt: skip
+    return train.train(train.build_parser().parse_args(["--data", str(data), "--out-dir", str(out_dir), *flags, *recipe]))
+
+
+def training_step_seconds(folders, repeat):
+    """{name: median seconds of one training step (forward, backward, AdamW)} of the model in each of
+    `folders` ({name: folder}), on one random batch of the default recipe's shape, timed in turns."""
+    import microtensor as mt
+    from gpt.checkpoints import checkpoint
+
+    rng = np.random.default_rng(0)
+    steps = {}
+    for name, folder in folders.items():
+        model = checkpoint.load_model(folder)[0]
+        V = model.config.vocab_size
+        x, y = (mt.tensor(rng.integers(0, V, (12, 64))) for _ in range(2))
+        optimizer = mt.optim.AdamW(mt.optim.weight_decay_groups(list(model.parameters()), 0.1), lr=1e-4)
+
+        def step(model=model, optimizer=optimizer, x=x, y=y):
+            _, loss = model(x, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        steps[name] = step
+    times = alternate(steps, {}, None, repeat)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def graph_bytes(loss, parameters, unpack=None):
     """Bytes of the distinct arrays the graph of `loss` holds (every tensor reachable from it and
     every array its ops saved for backward), the parameters' excepted: a step's activations,

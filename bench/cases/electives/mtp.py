@@ -23,44 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import TINYSHAKESPEARE, alternate, conditions_line, decode_kernel_off, in_turns
+from harness import TINYSHAKESPEARE, conditions_line, decode_kernel_off, in_turns, train_in_process, training_step_seconds
 
 import microtensor as mt
-import train
 from gpt.checkpoints import checkpoint
 from gpt.generation.electives.self_speculative import self_speculative_generate
-
-
-def recipe(iters):
-    return ["--max-iters", str(iters), "--lr-decay-iters", str(iters), "--warmup-iters", str(min(30, iters)),
-            "--eval-interval", str(max(iters, 1)), "--eval-iters", "40", "--sample-chars", "0"]  # fmt: skip
-
-
-def run(data, out_dir, n, iters):
-    """train.train with --mtp n for `iters` steps; its results dict."""
-    args = train.build_parser().parse_args(["--data", data, "--out-dir", str(out_dir), "--mtp", str(n), *recipe(iters)])
-    return train.train(args)
-
-
-def step_times(folders, repeat):
-    """{n: median seconds of one training step (forward, backward, AdamW)} of each trained model, in turns."""
-    rng = np.random.default_rng(0)
-    steps = {}
-    for n, folder in folders.items():
-        model = checkpoint.load_model(folder)[0]
-        V = model.config.vocab_size
-        x, y = (mt.tensor(rng.integers(0, V, (12, 64))) for _ in range(2))
-        optimizer = mt.optim.AdamW(mt.optim.weight_decay_groups(list(model.parameters()), 0.1), lr=1e-4)
-
-        def step(model=model, optimizer=optimizer, x=x, y=y):
-            _, loss = model(x, y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-        steps[n] = step
-    times = alternate(steps, {}, None, repeat)
-    return {n: statistics.median(values) for n, values in times.items()}
 
 
 def decoding(folder, tokens, repeat):
@@ -108,7 +75,7 @@ def measure(args, machine):
         for n in heads:
             folders[n] = folder / f"mtp{n}"
             started = time.perf_counter()
-            results = run(args.data, folders[n], n, args.iters)
+            results = train_in_process(args.data, folders[n], ["--mtp", str(n)], args.iters)
             rows.append({
                 "mtp": n, "steps": args.iters, "val_loss": results["final_val_loss"], "train_loss": results["final_train_loss"],
                 "val_head_losses": results.get("final_val_head_losses", [results["final_val_loss"]]),
@@ -116,12 +83,12 @@ def measure(args, machine):
             })  # fmt: skip
             print(f"--mtp {n}: val loss {results['final_val_loss']:.4f} after {args.iters} steps", flush=True)
         with mt.using_kernels("fast"):
-            medians = step_times(folders, args.repeat or 30)
+            medians = training_step_seconds(folders, args.repeat or 30)
         for row in rows:
             row["step_median_s"] = medians[row["mtp"]]
         for n in heads[1:]:
             steps = round(args.iters * medians[n] / medians[1])
-            results = run(args.data, folder / f"base-for-{n}", 1, steps)
+            results = train_in_process(args.data, folder / f"base-for-{n}", ["--mtp", "1"], steps)
             equal_time.append({"mtp": n, "baseline_steps": steps, "baseline_val_loss": results["final_val_loss"]})
             print(f"baseline for the time of --mtp {n}: {steps} steps, val loss {results['final_val_loss']:.4f}", flush=True)
         with mt.using_kernels("fast"):

@@ -23,46 +23,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import TINYSHAKESPEARE, alternate, conditions_line, decode_kernel_off, in_turns
+from harness import TINYSHAKESPEARE, conditions_line, decode_kernel_off, in_turns, train_in_process, training_step_seconds
 
 import microtensor as mt
-import train
 from gpt.checkpoints import checkpoint
 from gpt.model.electives.ssm import state_bytes
 
 MODELS = {"attention": [], "ssm": ["--mixer", "ssm", "--ssm-expand", "1", "--d-state", "16"]}
-
-
-def recipe(iters):
-    return ["--max-iters", str(iters), "--lr-decay-iters", str(iters), "--warmup-iters", str(min(30, iters)),
-            "--eval-interval", str(max(iters, 1)), "--eval-iters", "40", "--sample-chars", "0"]  # fmt: skip
-
-
-def run(data, out_dir, flags, iters):
-    """train.train with `flags` for `iters` steps; its results dict."""
-    args = train.build_parser().parse_args(["--data", data, "--out-dir", str(out_dir), *flags, *recipe(iters)])
-    return train.train(args)
-
-
-def step_times(folders, repeat):
-    """{name: median seconds of one training step (forward, backward, AdamW)} of each model, in turns."""
-    rng = np.random.default_rng(0)
-    steps = {}
-    for name, folder in folders.items():
-        model = checkpoint.load_model(folder)[0]
-        V = model.config.vocab_size
-        x, y = (mt.tensor(rng.integers(0, V, (12, 64))) for _ in range(2))
-        optimizer = mt.optim.AdamW(mt.optim.weight_decay_groups(list(model.parameters()), 0.1), lr=1e-4)
-
-        def step(model=model, optimizer=optimizer, x=x, y=y):
-            _, loss = model(x, y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-        steps[name] = step
-    times = alternate(steps, {}, None, repeat)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def generation(folders, tokens, repeat):
@@ -111,7 +78,7 @@ def measure(args, machine):
         for name, flags in MODELS.items():
             folders[name] = folder / name
             started = time.perf_counter()
-            results = run(args.data, folders[name], flags, args.iters)
+            results = train_in_process(args.data, folders[name], flags, args.iters)
             rows[name] = {
                 "model": name, "flags": " ".join(flags), "steps": args.iters, "val_loss": results["final_val_loss"],
                 "train_loss": results["final_train_loss"], "parameters": results["parameters"],
@@ -119,14 +86,14 @@ def measure(args, machine):
             }  # fmt: skip
             print(f"{name}: val loss {results['final_val_loss']:.4f} after {args.iters} steps", flush=True)
         with mt.using_kernels("fast"):
-            medians = step_times(folders, args.repeat or 30)
+            medians = training_step_seconds(folders, args.repeat or 30)
         for name, row in rows.items():
             row["step_median_s"] = medians[name]
             row["train_tokens_per_s"] = 12 * 64 / medians[name]
         slower = max(medians, key=medians.get)
         faster = min(medians, key=medians.get)
         steps = round(args.iters * medians[slower] / medians[faster])
-        results = run(args.data, folder / f"{faster}-equal-time", MODELS[faster], steps)
+        results = train_in_process(args.data, folder / f"{faster}-equal-time", MODELS[faster], steps)
         equal_time = {"model": faster, "steps": steps, "val_loss": results["final_val_loss"], "against": slower}
         print(f"{faster} for the time of {args.iters} steps of {slower}: {steps} steps, val loss {results['final_val_loss']:.4f}", flush=True)
         with mt.using_kernels("fast"):
