@@ -246,8 +246,7 @@ def save(args, step, policy, optimizer, tokenizer, lora_record, base_record, pai
 def fine_tune(args, explicit=None):
     """Run DPO as `args` (from build_parser) says; returns the results dict (the measures before and after)."""
     if explicit is None:
-        defaults = vars(build_parser().parse_args([]))
-        explicit = {name for name, value in vars(args).items() if value != defaults.get(name)}
+        explicit = cli.flags_unlike_defaults(build_parser(), args)
     check_args(args, explicit)
     run = cli.Run(checkpoint.path_in(args.out_dir))
     with mt.using_kernels(args.kernels), run.handling_signals():

@@ -216,8 +216,7 @@ def stop_id(task):
 def fine_tune(args, explicit=None):
     """Run the fine-tuning as `args` (from build_parser) says; returns the results dict (the measures over the steps)."""
     if explicit is None:
-        defaults = vars(build_parser().parse_args([]))
-        explicit = {name for name, value in vars(args).items() if value != defaults.get(name)}
+        explicit = cli.flags_unlike_defaults(build_parser(), args)
     check_args(args, explicit)
     run = cli.Run(checkpoint.path_in(args.out_dir))
     with mt.using_kernels(args.kernels), run.handling_signals():

@@ -136,8 +136,7 @@ def train(args, explicit=None):
     explicit: the flags given on the command line (cli.explicit_flags); by default those whose value
     differs from the parser's default. Raises FlagError, DataError, CheckpointError or TrainingStopped."""
     if explicit is None:
-        defaults = vars(build_parser().parse_args([]))
-        explicit = {name for name, value in vars(args).items() if value != defaults.get(name)}
+        explicit = cli.flags_unlike_defaults(build_parser(), args)
     training.check_args(args, explicit)
     run = cli.Run(checkpoint.path_in(args.out_dir))
     with mt.using_kernels(args.kernels), run.handling_signals():

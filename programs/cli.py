@@ -99,6 +99,13 @@ def explicit_flags(parser, argv):
     return {dest for dest, value in vars(given).items() if value is not unset}
 
 
+def flags_unlike_defaults(parser, args):
+    """The dests whose value in `args` differs from the parser's default: the flags a caller that
+    built `args` itself, not from a command line, is taken to have given."""
+    defaults = vars(parser.parse_args([]))
+    return {name for name, value in vars(args).items() if value != defaults.get(name)}
+
+
 # ------------------------------------------------------------------------------------- --kernels
 
 
