@@ -338,7 +338,22 @@ def machine_info():
         info["torch"] = metadata.version("torch")
     except metadata.PackageNotFoundError:
         info["torch"] = "(not installed)"
+    info["blas"] = kernels_blas()
     return info
+
+
+def kernels_blas():
+    """The BLAS the fast kernels call here, with its version ('MKL 2026.2.0'), or '(none)'."""
+    from microtensor.fast import blas
+
+    name = blas.library()
+    if name is None:
+        return "(none)"
+    package = {"MKL": "mkl", "OpenBLAS": "scipy-openblas64"}.get(name)
+    try:
+        return f"{name} {metadata.version(package)}"
+    except metadata.PackageNotFoundError:
+        return f"{name} (numpy {np.__version__}'s)" if name == "OpenBLAS" else name
 
 
 def _cpuinfo(field):
@@ -484,9 +499,11 @@ def machine_line(machine):
     when = f"Measured on {machine['date']}" if "date" in machine else "Measured"
     blas = ", ".join(f"{v}={machine[v]}" for v in SLOWING_VARIABLES if machine.get(v, "(unset)") != "(unset)") or "neither OpenBLAS variable set"
     tuned = f"; process tuned: {machine['tuned']}" if "tuned" in machine else ""
+    kernels_library = machine.get("blas", "OpenBLAS (numpy's)")  # the only one before the choice was recorded
     return (
         f"{when} on: {cpu_text(machine)}, {machine['cores']} cores ({machine['platform']}); Python {machine['python']}, "
-        f"numpy {machine['numpy']}, numba {machine['numba']} ({machine['numba_threads']} threads), PyTorch {machine['torch']}; {blas}{tuned}."
+        f"numpy {machine['numpy']}, numba {machine['numba']} ({machine['numba_threads']} threads), PyTorch {machine['torch']}; "
+        f"the fast kernels' BLAS: {kernels_library}; {blas}{tuned}."
     )
 
 

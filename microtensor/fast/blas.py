@@ -1,5 +1,4 @@
-"""numpy's BLAS, called from Numba's threads: one pool of threads for the matrix products and
-the kernels.
+"""BLAS, called from Numba's threads: one pool of threads for the matrix products and the kernels.
 
 Why. A training step alternates matrix products (BLAS) with small kernels (Numba). Left to
 themselves, numpy's OpenBLAS and Numba each keep a pool of threads, and the two pools fight over
@@ -13,6 +12,15 @@ into one slice per thread, each thread calling BLAS's gemm on its slice. A kerne
 between calls (`microtensor.fast.process.tune_for_training` sets how long) without stealing from
 anyone.
 
+Which BLAS. numpy ships OpenBLAS inside its wheels. On x86-64, microtensor also installs Intel's
+MKL (PyPI's `mkl`), whose gemm is faster on some CPUs and slower on others: a product's speed
+depends on how well the library's kernels fit the CPU's vector units and caches, which no rule of
+thumb tells. So the first process on a machine measures both at a transformer's product shapes and
+keeps the faster (`choose_library`), on disk, so that every later run makes the same choice and
+computes the same numbers; MICROTENSOR_BLAS=openblas or =mkl overrides it. `library()` says which
+one the kernels call. MKL is set to run each call on its calling thread (its "sequential" layer),
+and numpy's own products keep OpenBLAS whatever the choice.
+
 OpenBLAS's own threads, scoped to our calls. Each Numba thread's gemm call must run on that
 thread alone: were OpenBLAS to split it again over its own pool, the two pools would fight once
 more. So every kernel here that calls gemm sets OpenBLAS to one thread before its parallel loop
@@ -22,12 +30,12 @@ the thread count they had: importing microtensor or running it changes nothing f
 such a kernel runs, a numpy product started by another Python thread would run on one thread.)
 
 How. BLAS's `cblas_?gemm` multiplies row-major matrices given by a pointer and a row stride (its
-"leading dimension"), each optionally transposed. numpy ships OpenBLAS inside its wheels; this
-module finds that library when imported and looks up its gemm and thread-count functions (ILP64
-builds: 64-bit integers), which only reads the library numpy has already loaded. The first time a
-product needs them, `available()` gives their addresses to LLVM under names of our own, so that a
-Numba kernel calls them like C functions and its compiled code can be cached (it refers to the
-name, not to an address of this process).
+"leading dimension"), each optionally transposed. This module finds numpy's OpenBLAS when imported
+and looks up its gemm and thread-count functions (ILP64 builds: 64-bit integers), which only reads
+the library numpy has already loaded; MKL's ILP64 gemm (`cblas_sgemm_64`, the same arguments) is
+looked up when a product first needs a BLAS. Then `available()` gives the chosen functions'
+addresses to LLVM under names of our own, so that a Numba kernel calls them like C functions and
+its compiled code can be cached (it refers to the name, not to an address of this process).
 
 Where this is not possible (a numpy linked to another BLAS, or NUMBA_DISABLE_JIT=1, where the
 kernels run as Python and cannot call C), `available()` is False and the fast twins fall back:
@@ -40,15 +48,22 @@ kernels.
 import ctypes
 import functools
 import glob
+import json
 import os
+import platform
+import sys
+import time
+from pathlib import Path
 
 import numba
 import numpy as np
 from numba import prange, types
 
+from ..errors import InputError
 from ..kernels import kernel
 
 ROW_MAJOR, NO_TRANSPOSE, TRANSPOSE = 101, 111, 112  # the CBLAS enum values
+MKL_THREADING_SEQUENTIAL = 1  # MKL's enum value: each call runs on its calling thread
 
 # The C declarations, with every pointer passed as a 64-bit integer (the same register and size in
 # the C calling convention of every 64-bit platform), so one compiled kernel serves every dtype:
@@ -90,7 +105,7 @@ SMALL_PRODUCT = 1 << 17
 TRANS_A, TRANS_B, ROWS, COLS, INNER, A, LDA, B, LDB, C, LDC = range(11)
 
 
-# --------------------------------------------------------------------------------- finding OpenBLAS
+# --------------------------------------------------------------------------------- finding the libraries
 
 
 def _numpy_blas_libraries():
@@ -106,36 +121,163 @@ def _numpy_blas_libraries():
 
 
 def find_openblas():
-    """{our name: address} of numpy's OpenBLAS gemm and thread-count functions, or None if numpy's
-    BLAS is not an OpenBLAS this module knows. Only looks symbols up: nothing is called."""
+    """{our name: address} of numpy's OpenBLAS gemm and thread-count functions, and the library's
+    file; None if numpy's BLAS is not an OpenBLAS this module knows. Only looks symbols up."""
     for library in _numpy_blas_libraries():
         for names in SYMBOL_SETS:
             try:
                 functions = [getattr(library, name) for name in names]
             except AttributeError:
                 continue
-            return {ours: ctypes.cast(function, ctypes.c_void_p).value for ours, function in zip(OUR_NAMES, functions)}
+            return {ours: ctypes.cast(function, ctypes.c_void_p).value for ours, function in zip(OUR_NAMES, functions)}, library._name
     return None
 
 
-OPENBLAS = find_openblas()
-_registered = False
+def find_mkl():
+    """{our name: address} of Intel MKL's ILP64 gemm functions (PyPI's `mkl` package, which
+    microtensor installs on x86-64), with MKL set to run each call on its calling thread, and the
+    library's file; None where MKL is not installed. Loading it maps it into this process and
+    changes nothing else: numpy keeps its own BLAS."""
+    prefixes = sorted({sys.prefix, sys.base_prefix})
+    patterns = ("lib/libmkl_rt.so*", "Library/bin/mkl_rt*.dll")
+    for path in sorted(found for prefix in prefixes for pattern in patterns for found in glob.glob(os.path.join(prefix, pattern))):
+        try:
+            library = ctypes.CDLL(path)
+            functions = library.cblas_sgemm_64, library.cblas_dgemm_64
+            library.MKL_Set_Threading_Layer(MKL_THREADING_SEQUENTIAL)  # Numba's threads share the rows, not MKL's
+        except (OSError, AttributeError):
+            continue
+        return {ours: ctypes.cast(function, ctypes.c_void_p).value for ours, function in zip(OUR_NAMES, functions)}, path
+    return None
+
+
+OPENBLAS = find_openblas()  # (addresses, file) or None; MKL is looked for only when a kernel first needs a BLAS
+
+
+# --------------------------------------------------------------------------------- choosing one
+
+
+def measure_libraries(candidates, rounds=9):
+    """{library name: seconds} of three float32 products shaped like one thread's slice of a small
+    transformer's layers (rows of tokens by widths of 128 to 512), each through the library's sgemm
+    called on this thread (`candidates`: {name: addresses}). The libraries take turns, three times,
+    so that a noisy neighbour slows them alike; the first turn warms the caches and is not kept."""
+    shapes = [(384, 128, 512), (384, 512, 128), (128, 384, 384)]
+    rng = np.random.default_rng(0)
+    operands = [(rng.standard_normal((n, k), dtype=np.float32), rng.standard_normal((k, m), dtype=np.float32), np.empty((n, m), np.float32))
+                for n, k, m in shapes]  # fmt: skip
+    sgemm_type = ctypes.CFUNCTYPE(None, *[ctypes.c_int32] * 3, *[ctypes.c_int64] * 3, ctypes.c_float, *[ctypes.c_int64] * 4, ctypes.c_float, ctypes.c_int64, ctypes.c_int64)  # fmt: skip
+    set_threads = ctypes.CFUNCTYPE(None, ctypes.c_int32)(OPENBLAS[0][OUR_NAMES[3]])
+    previous = ctypes.CFUNCTYPE(ctypes.c_int32)(OPENBLAS[0][OUR_NAMES[2]])()
+    set_threads(1)  # as the kernels call it: one thread per call
+    turns = {name: [] for name in candidates}
+    try:
+        for _ in range(3):
+            for name, addresses in candidates.items():
+                sgemm = sgemm_type(addresses[OUR_NAMES[0]])
+                total = 0.0
+                for a, b, c in operands:
+                    (n, k), m = a.shape, b.shape[1]
+                    times = []
+                    for _ in range(rounds):
+                        start = time.perf_counter()
+                        sgemm(ROW_MAJOR, NO_TRANSPOSE, NO_TRANSPOSE, n, m, k, 1.0, a.ctypes.data, k, b.ctypes.data, m, 0.0, c.ctypes.data, m)
+                        times.append(time.perf_counter() - start)
+                    total += sorted(times)[rounds // 2]
+                turns[name].append(total)
+    finally:
+        set_threads(previous)
+    return {name: min(times[1:]) for name, times in turns.items()}
+
+
+def faster_library(seconds, margin=0.05):
+    """The library to use, given {name: seconds} for the same products: MKL only where it beats
+    OpenBLAS by more than `margin` (a closer race is noise, and OpenBLAS is numpy's own)."""
+    if "MKL" in seconds and seconds["MKL"] < (1 - margin) * seconds["OpenBLAS"]:
+        return "MKL"
+    return "OpenBLAS"
+
+
+def choice_file():
+    """Where the measured choice is kept: with this module's compiled kernels (Numba's cache)."""
+    folder = numba.config.CACHE_DIR or os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    return Path(folder) / "blas-choice.json"
+
+
+def machine_key(files):
+    """What a measured choice holds for: this CPU, and the libraries' and this module's files as
+    they are (an upgrade or an edit measures again)."""
+    cpu = platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), cpu)
+    paths = [os.path.realpath(path) for path in [__file__, *files]]
+    stamps = [f"{path}:{os.stat(path).st_size}:{os.stat(path).st_mtime_ns}" for path in paths]
+    return {"cpu": cpu, "files": stamps}
+
+
+def choose_library():
+    """'OpenBLAS' or 'MKL', and its {our name: address}: the BLAS whose gemm the kernels call.
+    MICROTENSOR_BLAS=openblas or =mkl says which; otherwise the faster of those installed on this
+    CPU (`measure_libraries`, about 50 ms), measured once and kept on disk (`choice_file`), so that
+    every run on this machine makes the same choice and so computes the same numbers."""
+    candidates = {"OpenBLAS": OPENBLAS}
+    mkl = find_mkl()
+    if mkl is not None:
+        candidates["MKL"] = mkl
+    asked = os.environ.get("MICROTENSOR_BLAS")
+    if asked is not None:
+        known = {name.lower(): name for name in ("OpenBLAS", "MKL")}
+        if known.get(asked.lower()) not in candidates:
+            installed = " or ".join(name.lower() for name in candidates)
+            raise InputError(f"MICROTENSOR_BLAS: {asked!r} is not a BLAS installed here; expected {installed}")
+        choice = known[asked.lower()]
+        return choice, candidates[choice][0]
+    if len(candidates) == 1:
+        return "OpenBLAS", OPENBLAS[0]
+    key, path = machine_key([file for _, file in candidates.values()]), choice_file()
+    try:
+        kept = json.loads(path.read_text())
+        if kept["key"] == key and kept["choice"] in candidates:
+            return kept["choice"], candidates[kept["choice"]][0]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none kept yet, or kept for another machine or version: measure
+    seconds = measure_libraries({name: addresses for name, (addresses, _) in candidates.items()})
+    choice = faster_library(seconds)
+    try:  # written whole, then renamed, so that no reader sees half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"key": key, "choice": choice, "seconds": seconds}, indent=1))
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only install measures again in each process
+    return choice, candidates[choice][0]
+
+
+_registered = None  # the name of the library whose gemm LLVM was given, once it was
 
 
 def available():
-    """True if the compiled kernels here can call numpy's OpenBLAS. The first time it is True, the
-    functions' addresses are given to LLVM (which only fills LLVM's table of symbols in this
-    process); call it before any kernel of this module runs, as every fast twin does."""
+    """True if the compiled kernels here can call a BLAS. The first time it is True, the chosen
+    library's gemm (`choose_library`) and OpenBLAS's thread-count functions are given to LLVM under
+    our names, which only fills LLVM's table of symbols in this process; call it before any kernel
+    of this module runs, as every fast twin does."""
     global _registered
     if numba.config.DISABLE_JIT or OPENBLAS is None:
         return False
-    if not _registered:
+    if _registered is None:
         import llvmlite.binding as llvm
 
-        for name, address in OPENBLAS.items():
+        choice, gemm_addresses = choose_library()
+        for name, address in {**OPENBLAS[0], **gemm_addresses}.items():
             llvm.add_symbol(name, address)
-        _registered = True
+        _registered = choice
     return True
+
+
+def library():
+    """The BLAS the compiled kernels call, 'OpenBLAS' or 'MKL'; None where they call none."""
+    return _registered if available() else None
 
 
 # --------------------------------------------------------------------------------- the kernels

@@ -305,20 +305,76 @@ errors = [
     np.abs(tb.grad - a.T @ np.ones((300, 200))).max(),
     np.abs(out.numpy() - attention_reference(q.data, k.data, v.data)).max(),
 ]
-print(" ".join(map(str, counts)), max(errors))
+from microtensor.fast import blas
+print(blas.library(), " ".join(map(str, counts)), max(errors))
 """
 
 
 @needs_jit
-def test_numpys_blas_thread_count_is_left_alone():
+@pytest.mark.parametrize("library", ["OpenBLAS", "MKL"])
+def test_numpys_blas_thread_count_is_left_alone(library):
     """numpy's OpenBLAS thread count, read through OpenBLAS itself, is the same before importing
     microtensor, after, and after a fast matmul (forward and backward) and a fast attention
-    (forward, backward), whose results are right. In a fresh process, so that "before" is before."""
+    (forward, backward), whose results are right; with the kernels calling each BLAS in turn
+    (MICROTENSOR_BLAS). In a fresh process, so that "before" is before."""
+    blas, _ = fast_kernels()
+    if library == "MKL" and blas.find_mkl() is None:
+        pytest.skip("MKL is not installed here")
     environment = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    environment["MICROTENSOR_BLAS"] = library.lower()
     result = subprocess.run([sys.executable, "-c", THREAD_COUNT_SCRIPT], env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     if result.stdout.strip() == "no-openblas":
         pytest.skip("numpy is not linked to an OpenBLAS here")
-    *counts, error = result.stdout.split()
+    called, *counts, error = result.stdout.split()
+    assert called == library
     assert counts == ["3"] * 5, f"OpenBLAS thread counts before import, after import, after matmul, attention forward, backward: {counts}"
     assert float(error) < 1e-10
+
+
+# --------------------------------------------------------------------------------- which BLAS
+
+
+def test_mkl_is_chosen_only_when_clearly_faster():
+    """The choice between the installed libraries, from their measured seconds: MKL where it beats
+    OpenBLAS by more than the margin, OpenBLAS in a closer race, and wherever MKL is missing."""
+    blas, _ = fast_kernels()
+    assert blas.faster_library({"OpenBLAS": 1.0, "MKL": 0.8}) == "MKL"
+    assert blas.faster_library({"OpenBLAS": 1.0, "MKL": 0.97}) == "OpenBLAS"
+    assert blas.faster_library({"OpenBLAS": 1.0, "MKL": 1.3}) == "OpenBLAS"
+    assert blas.faster_library({"OpenBLAS": 1.0}) == "OpenBLAS"
+
+
+@needs_jit
+def test_the_measured_choice_is_kept_and_remeasured_for_another_machine(tmp_path, monkeypatch):
+    """choose_library measures once, writes its choice beside the compiled kernels, reads it back
+    instead of measuring again, and measures again when what it was kept for (the key) differs."""
+    blas, _ = fast_kernels()
+    if blas.OPENBLAS is None:
+        pytest.skip("numpy is not linked to an OpenBLAS here")
+    monkeypatch.delenv("MICROTENSOR_BLAS", raising=False)
+    monkeypatch.setattr(blas, "choice_file", lambda: tmp_path / "blas-choice.json")
+    monkeypatch.setattr(blas, "find_mkl", lambda: ({"microtensor_cblas_sgemm": 1, "microtensor_cblas_dgemm": 2}, blas.__file__))
+    measured = []
+    monkeypatch.setattr(blas, "measure_libraries", lambda candidates: measured.append(sorted(candidates)) or {"OpenBLAS": 2.0, "MKL": 1.0})
+    assert blas.choose_library()[0] == "MKL" and measured == [["MKL", "OpenBLAS"]]
+    assert blas.choose_library() == ("MKL", {"microtensor_cblas_sgemm": 1, "microtensor_cblas_dgemm": 2})
+    assert len(measured) == 1  # read back, not measured again
+    kept = (tmp_path / "blas-choice.json").read_text()
+    (tmp_path / "blas-choice.json").write_text(kept.replace('"cpu": "', '"cpu": "another '))
+    monkeypatch.setattr(blas, "measure_libraries", lambda candidates: measured.append(sorted(candidates)) or {"OpenBLAS": 1.0, "MKL": 1.0})
+    assert blas.choose_library()[0] == "OpenBLAS" and len(measured) == 2
+
+
+@needs_jit
+@pytest.mark.parametrize("asked", ["atlas", "", "mkl"])
+def test_an_unknown_or_missing_blas_is_refused_by_name(asked, monkeypatch):
+    """MICROTENSOR_BLAS names a library that is not installed here: an error that names the variable,
+    what it was given and what it may be."""
+    blas, _ = fast_kernels()
+    if blas.OPENBLAS is None:
+        pytest.skip("numpy is not linked to an OpenBLAS here")
+    monkeypatch.setattr(blas, "find_mkl", lambda: None)
+    monkeypatch.setenv("MICROTENSOR_BLAS", asked)
+    with pytest.raises(mt.MicrotensorError, match=f"MICROTENSOR_BLAS: '{asked}' is not a BLAS installed here; expected openblas$"):
+        blas.choose_library()
