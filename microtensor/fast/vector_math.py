@@ -9,7 +9,8 @@ never do (they call the C library's functions, which is what their formulas say)
 
     exp_of_nonpositive(t) = e^t for t <= 0 (the only exponents the kernels need: they subtract a
                             maximum first, or take e^-|x|)
-    tanh(u)    = sign(u) (1 - e) / (1 + e),   e = e^(-2|u|)
+    exp_of_normal_range(t) = the same for t in [-87, 0], without the checks for the ends of the range
+    tanh(u)    = sign(u) (1 - e) / (1 + e),   e = e^(-2 min(|u|, 19.1))
     sigmoid(x) = 1 / (1 + e) if x >= 0 else e / (1 + e),   e = e^(-|x|)      (never overflows)
     erf(x)     = sign(x) a P(a²) / Q(a²),   a = min(|x|, 3.92)    in float32; math.erf in float64
     max_of_row(x, r) = max_c x[r, c]
@@ -144,6 +145,26 @@ def _times_two_to_the_by_type(p, k):
     return lambda p, k: times_two_to_the_float64(p, k)
 
 
+@kernel
+def two_to_the_float32(k):
+    """2^k for an integer k in [-126, 0] (a float32 holding it): the float32 whose exponent field
+    holds k + 127 and whose fraction is 0."""
+    return np.int32((np.int32(k) + 127) << 23).view(np.float32)
+
+
+def two_to_the(k, like):
+    """2^k, k an integer in [-126, 0], in the float type of `like`. This plain version is what
+    Python runs; compiled code uses the overload below, which chooses once, by type."""
+    return two_to_the_float32(k) if isinstance(like, np.float32) else times_two_to_the_float64(np.float64(1), k)
+
+
+@overload(two_to_the)
+def _two_to_the_by_type(k, like):
+    if like == types.float32:
+        return lambda k, like: two_to_the_float32(k)
+    return lambda k, like: times_two_to_the_float64(np.float64(1), k)
+
+
 @kernel(fastmath={"contract"})
 def exp_of_nonpositive(t):
     """e^t for t <= 0, in t's own float type (float32 or float64)."""
@@ -158,11 +179,27 @@ def exp_of_nonpositive(t):
     return times_two_to_the(exp_taylor(r), k)  # e^r (to r^7 in float32, r^12 in float64) times 2^k
 
 
+@kernel(fastmath={"contract"})
+def exp_of_normal_range(t):
+    """e^t for t in [-87, 0], where e^t is a normal number in float32 and float64 alike (a NaN
+    comes out NaN, through r): exp_of_nonpositive without its checks for NaN, underflow and
+    subnormal results, which a vectorized loop would pay for on every element. The caller keeps t
+    in range."""
+    real = type(t)
+    k = np.floor(t * real(1.4426950408889634) + real(0.5))  # in [-126, 0]
+    r = (t - k * real(0.693359375)) - k * real(-2.1219444005469058277e-4)
+    return exp_taylor(r) * two_to_the(k, r)
+
+
 @kernel
 def tanh(u):
-    """tanh u = (1 - e^-2|u|) / (1 + e^-2|u|) with u's sign; in u's float type."""
+    """tanh u = (1 - e^-2|u|) / (1 + e^-2|u|) with u's sign; in u's float type. |u| is clamped at
+    19.1, where tanh rounds to 1 in float64 (and in float32 long before), so that e^-2|u| stays in
+    exp_of_normal_range's range: inf gives 1, NaN stays NaN (it fails the comparison)."""
     real = type(u)
-    e = exp_of_nonpositive(real(-2) * abs(u))
+    a = abs(u)
+    a = real(19.1) if a > real(19.1) else a
+    e = exp_of_normal_range(real(-2) * a)
     t = (real(1) - e) / (real(1) + e)
     return t if u >= real(0) else -t
 
