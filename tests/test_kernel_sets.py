@@ -330,38 +330,36 @@ def test_float32_kernels_do_their_arithmetic_in_float32():
 @needs_jit
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(), (5,), (3, 7), (12, 64, 128)])
-@pytest.mark.parametrize("shared", [False, True], ids=["one_thread", "shared"])
-def test_the_sum_of_two_gradients_is_numpys_bit_for_bit(shape, dtype, shared, monkeypatch):
-    """The walk adds the gradients reaching one tensor along two paths; the fast twin adds them on
-    every thread, element by element: the same sums as numpy's, in a new array."""
+@pytest.mark.parametrize("which", ["add_gradients", "add_arrays"])
+def test_the_sum_of_two_arrays_is_numpys_bit_for_bit(shape, dtype, which):
+    """The walk adds the gradients reaching one tensor along two paths, and Add's forward two
+    arrays of one shape; the fast twins add them on every thread, element by element (numpy below a
+    page per thread): the same sums as numpy's, in a new array."""
     from microtensor import autograd
     from microtensor.fast import memory
+    from microtensor.ops import elementwise
 
-    monkeypatch.setattr(memory, "SHARED_SUM_MIN_ELEMENTS_PER_THREAD", 1 if shared else 10**12)
-
+    readable = {"add_gradients": autograd.add_gradients, "add_arrays": elementwise.add_arrays}[which]
     rng = np.random.default_rng(len(shape))
     held, more = (np.asarray(rng.standard_normal(shape)).astype(dtype) for _ in range(2))
     for a, b in ((held, more), (held.T, more.T)):  # transposed: numpy's own sum
-        total = memory.add_gradients(a, b)
-        np.testing.assert_array_equal(total, autograd.add_gradients(a, b))
+        total = getattr(memory, which)(a, b)
+        np.testing.assert_array_equal(total, readable(a, b))
         assert not np.shares_memory(total, a) and not np.shares_memory(total, b)
 
 
 @needs_jit
-def test_only_a_large_sum_of_gradients_is_shared_among_the_threads(monkeypatch):
-    """The default recipe's residual stream (12 × 64 × 128) is added on the calling thread, by the
-    loop compiled without threads: the parallel loop is compiled and run only for gradients of at
-    least SHARED_SUM_MIN_ELEMENTS_PER_THREAD numbers per thread."""
+def test_a_sum_is_shared_among_the_threads_from_a_page_per_thread(monkeypatch):
+    """The default recipe's residual stream (12 × 64 × 128) is added by all the threads; a sum of
+    less than a page of numbers per thread is numpy's, on the calling thread."""
     from microtensor.fast import memory
 
     ran = []
-    monkeypatch.setattr(memory, "add_elements", lambda held, more, total: ran.append(("shared", held.size)))
-    monkeypatch.setattr(memory, "add_elements_serial", lambda held, more, total: ran.append(("one thread", held.size)))
+    monkeypatch.setattr(memory, "add_elements", lambda held, more, total: ran.append(held.size))
     threads = numba.get_num_threads()
-    default, large = 12 * 64 * 128, 2 * memory.SHARED_SUM_MIN_ELEMENTS_PER_THREAD * threads
-    for size in (default, large):
+    for size in (12 * 64 * 128, memory.MIN_ELEMENTS_PER_THREAD * threads, memory.MIN_ELEMENTS_PER_THREAD * threads - 1):
         memory.add_gradients(np.ones(size, np.float32), np.ones(size, np.float32))
-    assert ran == [("one thread" if default < memory.SHARED_SUM_MIN_ELEMENTS_PER_THREAD * threads else "shared", default), ("shared", large)]
+    assert ran == [12 * 64 * 128, memory.MIN_ELEMENTS_PER_THREAD * threads]
 
 
 @needs_jit

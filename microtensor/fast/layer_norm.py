@@ -9,16 +9,13 @@ the rows shared among the threads.
   vectorizes across the columns in the order written.
 
 Why two threads for so little arithmetic: a LayerNorm does a few operations per number it reads,
-so its time is the time to bring the rows in from memory, and one core alone cannot draw all of
-the memory bandwidth (on many-core server chips it gets well under half). Two cores reading half
-the rows each take about half the time; the rows are also those the previous parallel kernel left
-in each core's cache.
+so its time is the time to bring the rows in from memory (or from the cache of the core whose kernel
+wrote them), and one core alone cannot draw all of the memory bandwidth (on many-core server chips it
+gets well under half). Two cores reading half the rows each take about half the time.
 
-Why not always: rows that give each thread fewer than `MIN_ELEMENTS_PER_THREAD` numbers fit in one
-core's own cache, where memory bandwidth is not what limits, and a second thread saves a few
-microseconds a call. Those run the same loop compiled without threads (`*_serial`): compiling a
-parallel loop takes three times as long, and a short run (the default recipe's rows are below the
-line) would spend more compiling it than it ever saves.
+Why not always: rows that give each thread fewer than a page of numbers (`MIN_ELEMENTS_PER_THREAD`,
+memory.py's rule for every elementwise kernel), such as the one row of a token being generated, cost
+less than waking a second thread. Those run the same loop compiled without threads (`*_serial`).
 """
 import numba
 import numpy as np
@@ -26,11 +23,8 @@ from numba import prange
 
 from ..kernels import fast_twin, kernel
 from ..ops import layer_norm as readable
+from .memory import MIN_ELEMENTS_PER_THREAD
 from .vector_math import REDUCE_FASTMATH
-
-# The fewest numbers a thread's share of the rows must hold for the rows to be shared: 64 Ki, 256 KiB
-# of float32 (smaller shares stay in the core's own cache from the kernel before).
-MIN_ELEMENTS_PER_THREAD = 65536
 
 
 def _worth_sharing(x):

@@ -1,4 +1,5 @@
-"""The fast twins of the engine's `copy_gradient` and `add_gradients` (microtensor/autograd.py).
+"""The fast twins of the engine's `copy_gradient` and `add_gradients` (microtensor/autograd.py) and
+of the Add op's sum of two same-shaped arrays (`add_arrays`, microtensor/ops/elementwise.py).
 
 copy_gradient: a leaf's first gradient copied into `.grad` by a compiled loop rather than by
 numpy's copy.
@@ -8,15 +9,14 @@ case when the copy begins just past its source modulo 4096 bytes, which is where
 array of the same size allocated right after another; a plain loop has no such case. Other layouts
 go to numpy, whose strided copy does not call memcpy.
 
-add_gradients: two parts of one tensor's gradient (a GPT's residual stream gets one from each
-block's branch and one straight through the sum) added by all the threads, each thread the same
-band of rows as the parallel kernels that wrote them. An addition is nothing but memory traffic,
+add_gradients and add_arrays: two arrays added by all the threads, each thread the same band of
+rows as the parallel kernels that wrote them. The walk adds two parts of one tensor's gradient (a
+GPT's residual stream gets one from each block's branch and one straight through the sum); the
+forward adds each block's branch to the residual stream. An addition is nothing but memory traffic,
 and one core alone cannot draw all of a chip's memory bandwidth; each band is also, mostly, in the
 cache of the core that adds it. Each element is the same sum as numpy's, so the result is equal.
-Gradients smaller than `SHARED_SUM_MIN_ELEMENTS_PER_THREAD` numbers per thread (the default
-recipe's residual stream among them) fit in the cache of the core that wrote them: the same loop
-compiled without threads adds them on the calling thread, and the parallel loop is compiled only
-when a larger one comes. Below a page per thread, numpy adds them.
+Below a page of numbers per thread (`MIN_ELEMENTS_PER_THREAD`), waking a second thread costs more
+than the half it takes over, and numpy adds them.
 """
 import numba
 import numpy as np
@@ -25,6 +25,7 @@ from numba import prange
 from ..autograd import add_gradients as readable_add_gradients
 from ..autograd import copy_gradient as readable_copy_gradient
 from ..kernels import fast_twin, kernel
+from ..ops import elementwise
 
 
 @kernel
@@ -43,15 +44,9 @@ def copy_gradient(grad):
     return copy
 
 
-# The fewest elements worth a thread of their own in an addition: one 4 KiB page of float32 numbers
-# (below it, waking a second thread costs more than the half it takes over).
+# The fewest elements worth a thread of their own in an elementwise kernel: one 4 KiB page of
+# float32 numbers (below it, waking a second thread costs more than the half it takes over).
 MIN_ELEMENTS_PER_THREAD = 1024
-
-
-# The fewest numbers per thread worth sharing an addition among the threads: 64 Ki, 256 KiB of
-# float32. Below it a second thread saves little, and compiling a parallel loop takes three times
-# as long as a serial one: a short run would spend more compiling it than it saves.
-SHARED_SUM_MIN_ELEMENTS_PER_THREAD = 65536
 
 
 @kernel(parallel=True)
@@ -62,21 +57,28 @@ def add_elements(held, more, total):
         total[i] = held[i] + more[i]
 
 
-add_elements_serial = kernel(tag="serial")(add_elements)  # the same loop without threads: prange runs as range
+def sum_in_bands(a, b):
+    """a + b as a new array, by `add_elements` where the arrays are large, contiguous and alike
+    (otherwise by numpy, whose sum it equals bit for bit)."""
+    size = a.size
+    if (
+        a.ndim == 0
+        or size < MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
+        or not (a.flags.c_contiguous and b.flags.c_contiguous)
+        or a.dtype != b.dtype
+        or a.shape != b.shape
+    ):
+        return a + b
+    total = np.empty_like(a)
+    add_elements(a.reshape(-1), b.reshape(-1), total.reshape(-1))
+    return total
 
 
 @fast_twin(readable_add_gradients)
 def add_gradients(held, more):
-    size = held.size
-    if (
-        held.ndim == 0
-        or size < MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
-        or not (held.flags.c_contiguous and more.flags.c_contiguous)
-        or held.dtype != more.dtype
-        or held.shape != more.shape
-    ):
-        return held + more
-    total = np.empty_like(held)
-    add = add_elements if size >= SHARED_SUM_MIN_ELEMENTS_PER_THREAD * numba.get_num_threads() else add_elements_serial
-    add(held.reshape(-1), more.reshape(-1), total.reshape(-1))
-    return total
+    return sum_in_bands(held, more)
+
+
+@fast_twin(elementwise.add_arrays)
+def add_arrays(a, b):
+    return sum_in_bands(a, b)

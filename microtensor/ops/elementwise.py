@@ -9,7 +9,9 @@ directional derivative (a diagonal Jacobian is its own transpose, so JVP and VJP
 Binary ops follow numpy broadcasting (x (3, 1) + y (4,) gives (3, 4)); their backward sums each
 gradient back down to its input's shape with `unbroadcast`. Python numbers take the tensor's dtype;
 two tensors of different dtypes are an error, never a silent cast. These ops are one numpy call each
-(memory-bound, nothing a hand loop would win), so they have no Numba kernel.
+(memory-bound, nothing a hand loop would win), so they have no Numba kernel. One has a fast twin:
+the sum of two arrays of one shape (`add_arrays`, a GPT's residual connection), which the fast set
+shares among the threads (microtensor/fast/memory.py).
 """
 import numpy as np
 
@@ -17,6 +19,7 @@ from ..autograd import Function, add_tangents, unbroadcast
 from ..checks import as_dtype, broadcast_shape, check_float, describe
 from ..errors import InputTypeError
 from ..gradcheck import gradcheck_case
+from ..kernels import active
 from ..tensor import Tensor, as_tensor
 
 
@@ -39,6 +42,11 @@ def _unary(op, function, x):
     return function.apply(x)
 
 
+def add_arrays(a, b):
+    """a + b as a new array, for two arrays of one shape and dtype."""
+    return a + b
+
+
 class Add(Function):
     """y = a + b.   dL/da = unbroadcast(g),  dL/db = unbroadcast(g).
 
@@ -48,7 +56,7 @@ class Add(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.shapes = (a.shape, b.shape)
-        return a + b
+        return active(add_arrays)(a, b) if a.shape == b.shape else a + b
 
     @staticmethod
     def backward(ctx, grad_out):
