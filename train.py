@@ -63,6 +63,7 @@ import microtensor as mt
 import microtensor.fast.process
 from microtensor import MicrotensorError, optim
 from gpt.checkpoints import checkpoint
+from gpt.generation import decoder
 from gpt.model.electives import lora, mtp
 from gpt.model.transformer import GPTConfig
 from programs import cli, loss_plot, training
@@ -143,6 +144,9 @@ def train(args, explicit=None):
         setup = training.set_up(args, explicit, run)  # model, optimizer, tokenizer, batches, history, random states
         model, optimizer, batches, config = setup.model, setup.optimizer, setup.batches, setup.config
         cli.check_debugging_flags(args, setup.start)
+        # On a first run generation's one-token kernel, which the sample at the end runs, is not
+        # compiled yet: a second process compiles it meanwhile, on the other core (None: no need).
+        compiling = decoder.compile_in_background(model) if args.sample_chars > 0 and setup.lora_record is None else None
         scaler = setup.loss_scaler  # float16's loss scaling (None otherwise)
         if setup.fine_tuning is not None and setup.start == 0:  # where the fine-tuning starts from
             setup.initial = estimate_loss(model, batches, args, 0)
@@ -247,6 +251,7 @@ def train(args, explicit=None):
             # With adapters, from the merged model: the same function, and generation's fast one-token
             # kernel reads each Linear's weight itself, so it would not see an adapter beside it.
             sampler = lora.merge_lora(model) if setup.lora_record is not None else model
+            decoder.finish_compiling(compiling)
             out = sampler.generate(prompt, args.sample_chars, temperature=0.8, top_k=None, seed=args.seed)
             console.rule("a sample")
             console.print(setup.tokenizer.decode(out.numpy()[0, 0 if setup.task else 1 :]), markup=False, highlight=False)  # a sum: with its prompt

@@ -1,7 +1,8 @@
 """Run a Python script with its arguments; print what Numba compiled on the way as the last line
 (JSON): each kernel with the seconds its compilation took, the kernels it calls included, as wall
 seconds ("kernels") and as CPU seconds of the compiling thread ("kernels_cpu"), and the CPU seconds
-(user + system) of the whole run. Numba compiles in the thread that calls the kernel, so on a busy
+(user + system) of the whole run, the processes it started included ("cpu_s"; train.py's second
+process compiling generation's kernel is one, whose own kernels are not listed: "children_cpu_s"). Numba compiles in the thread that calls the kernel, so on a busy
 machine the CPU seconds are the figure to compare: the wall seconds grow with the load.
 
     python bench/compile_times.py train.py --max-iters 1
@@ -59,9 +60,11 @@ except SystemExit as exit_:
         raise
 outermost, outermost_cpu = listener.outermost()
 usage = resource.getrusage(resource.RUSAGE_SELF)  # this process, every thread of it
+children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the processes it started and waited for
 print(json.dumps({
     "compilations": len(listener.done),
     "kernels": dict(sorted(outermost.items(), key=lambda item: -item[1])),
     "kernels_cpu": dict(sorted(outermost_cpu.items(), key=lambda item: -item[1])),
-    "cpu_s": usage.ru_utime + usage.ru_stime,
+    "cpu_s": usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime,
+    "children_cpu_s": children.ru_utime + children.ru_stime,
 }))  # fmt: skip

@@ -2,6 +2,9 @@
 sets against each other, the KV cache and the fast set's decode kernel against recomputation,
 initialization, learning, names and errors."""
 import math
+import os
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -12,6 +15,7 @@ from microtensor import GradcheckError, gradcheck
 from microtensor.errors import InputError, InputTypeError
 from gpt.model.transformer import GPT, GPTConfig, parameter_count, training_step_bytes
 from gpt.generation.sampling import keep_top_k, keep_top_p, sample, token_distribution
+from helpers import needs_jit
 
 OPTIONS = [
     dict(norm="layernorm", mlp="gelu", pos="learned", tie_weights=True, bias=False),
@@ -717,3 +721,53 @@ def test_token_distribution_renormalizes_the_tokens_top_p_keeps(top_k):
     np.testing.assert_allclose(probs.sum(axis=-1), 1.0, rtol=0, atol=1e-15)
     # row 1 keeps 0.5 and 0.25 (0.75 >= 0.7); row 2 keeps the three 0.25s (0.75)
     np.testing.assert_allclose(probs, [[0, 2 / 3, 0, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 3, 0, 0]], rtol=0, atol=1e-15)
+
+
+@needs_jit
+def test_nothing_is_compiled_ahead_where_nothing_would_be_compiled():
+    """compile_in_background starts no process under the readable set, for a model the kernel does
+    not run, or once the kernel's version for the model is compiled (here by a first generation)."""
+    from gpt.generation import decode_kernel, decoder
+
+    model = tiny(dtype=mt.float32)
+    with mt.using_kernels("readable"):
+        assert decoder.compile_in_background(model) is None
+    model.generate(np.array([[1]]), 2, temperature=0)  # compiles (or loads) the kernel's version
+    assert decode_kernel.is_compiled(model)
+    assert decoder.compile_in_background(model) is None
+    assert decoder.compile_in_background(tiny(dtype=mt.float32, mixer="ssm", pos="none")) is None  # its layers keep their own state
+    decoder.finish_compiling(None)  # nothing to wait for
+
+
+@pytest.mark.slow
+@needs_jit
+def test_a_second_process_compiles_the_kernel_into_an_empty_cache(tmp_path):
+    """With an empty compile cache, compile_in_background's process compiles the kernel's version
+    for the model into that cache and ends; a later process finds it compiled, and generates the
+    same tokens as the modules do."""
+    script = """
+import sys, numpy as np
+import microtensor as mt
+from gpt.generation import decode_kernel, decoder
+from gpt.model.transformer import GPT, GPTConfig
+
+mt.manual_seed(0)
+model = GPT(GPTConfig(vocab_size=7, block_size=8, n_layer=2, n_head=2, n_embd=8))
+if sys.argv[1] == "start":
+    assert not decode_kernel.is_compiled(model)
+    process = decoder.compile_in_background(model)
+    decoder.finish_compiling(process)
+    print(process.returncode)
+else:
+    assert decode_kernel.is_compiled(model)
+    kernel = model.generate(np.array([[1, 2]]), 6, temperature=0).numpy()
+    with mt.using_kernels("readable"):
+        modules = model.generate(np.array([[1, 2]]), 6, temperature=0).numpy()
+    print(int((kernel == modules).all()))
+"""
+    environment = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    for stage, expected in (("start", "0"), ("after", "1")):
+        result = subprocess.run([sys.executable, "-c", script, stage], env=environment, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [expected]
+    assert any((tmp_path / "cache").rglob("decode_kernel.decode_step*.nbi"))

@@ -153,7 +153,10 @@ def sections(data):
         f"`train.py --max-iters 1` with an empty Numba cache: {s['train_max_iters_1_cold_s']:.1f} s wall"
         + (f", {s['train_max_iters_1_cold_cpu_s']:.1f} s CPU" if "train_max_iters_1_cold_cpu_s" in s else "")
         + f"; {total:.1f} {'CPU seconds' if cpu else 's'} of it compiling {len(kernels)} kernels ({compiled['compilations']} compilations, "
-        "a kernel's callees counted in its own time). The slowest:",
+        "a kernel's callees counted in its own time)"
+        + (f", and {compiled['children_cpu_s']:.1f} CPU seconds in the second process that compiles generation's one-token kernel "
+           "meanwhile (its kernels are not listed)" if compiled.get("children_cpu_s") else "")
+        + ". The slowest:",
         "",
         f"| kernel | compile{' CPU' if cpu else ''} (s) | share of compiling |",
         "|---|---:|---:|",

@@ -557,6 +557,41 @@ def kind_of(value):
     return type(value)
 
 
+# ------------------------------------------------------------------------------ compiling ahead
+
+
+def step_arguments(model, weights):
+    """What `decode` hands the kernel for one token of one sequence at position 0: its version for
+    these types is the one every later step of such a model runs."""
+    keys, values = model.new_cache_arrays(1)
+    dtype = weights.ln_f_weight.dtype
+    logits = np.empty((1, 1, weights.lm_head_bias.shape[0]), dtype=dtype)
+    last_layer = np.empty((1, 1, weights.ln_1_weight.shape[1]), dtype=dtype)
+    return np.zeros((1, 1), dtype=np.int64), 0, weights, keys, values, logits, last_layer
+
+
+def is_compiled(model):
+    """Whether the kernel's version for `model` is compiled: in this process, or in the compile cache
+    on disk (then it is loaded, as its first use would load it)."""
+    if not hasattr(decode_step, "overloads"):  # the JIT is off: nothing is ever compiled
+        return True
+    types = tuple(decode_step.typeof_pyval(a) for a in step_arguments(model, decode_weights(model)))
+    return types in decode_step.overloads or decode_step._cache.load_overload(types, decode_step.targetctx) is not None
+
+
+def compile_for(config_fields, dtype):
+    """Compile the kernel's version for a GPT of these options (GPTConfig's fields, a dict) with
+    weights of this dtype (a name) into the compile cache: what the second process started by
+    gpt/generation/decoder.py's `compile_in_background` runs."""
+    from gpt.model.transformer import GPT, GPTConfig  # here: the model's module imports the Decoder's
+
+    model = GPT(GPTConfig(**config_fields))
+    if np.dtype(dtype) != np.float32:
+        model.to(np.dtype(dtype))
+    weights = decode_weights(model)
+    compiled(decode_step, weights, step_arguments(model, weights))
+
+
 # ------------------------------------------------------------------------------ the kernel
 
 

@@ -26,8 +26,16 @@ Every argument of generation is checked before any kernel runs (the `check_*` fu
 the kernels index without bounds checks, so an id outside the vocabulary would otherwise read
 outside the embedding table.
 """
+import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
 
+import numba
 import numpy as np
 
 import microtensor as mt
@@ -248,3 +256,44 @@ def check_generation_options(where, max_new_tokens, temperature, top_k, top_p, u
         raise InputTypeError(f"{where}: use_kv_cache must be True or False, got {use_kv_cache!r}")
     if seed is not None and (not is_integer(seed) or seed < 0):
         raise InputError(f"{where}: seed must be None or an int >= 0, got {seed!r}")
+
+
+# ------------------------------------------------------------------------------ compiling ahead
+
+
+def compile_in_background(model):
+    """Start compiling the fast set's one-token kernel for `model` in a second process, and return
+    that process (a subprocess.Popen) for `finish_compiling`; None where nothing is to compile: the
+    readable set or no JIT, a model the kernel does not run, or a version already compiled.
+
+    Why. On a first run (an empty compile cache) the kernel takes seconds to compile, at its first
+    use. A program that generates after other work (train.py samples once it has trained) starts
+    this first: the second process compiles on the other core, into the compile cache this one
+    reads, while this one works; its first use then loads it from the cache. The process writes
+    nothing else and prints nothing; if it fails, the kernel is compiled at its first use, as it
+    would have been. It is killed if this process ends first."""
+    if mt.get_kernels() != "fast" or numba.config.DISABLE_JIT or model.new_cache_arrays(1) is None:
+        return None
+    from gpt.generation import decode_kernel  # the fast set's: the readable set never imports it
+
+    if not decode_kernel.can_run(model) or decode_kernel.is_compiled(model):
+        return None
+    fields, dtype = json.dumps(dataclasses.asdict(model.config)), str(next(iter(model.parameters())).dtype)
+    program = f"import json; from gpt.generation import decode_kernel; decode_kernel.compile_for(json.loads({fields!r}), {dtype!r})"
+    project = str(Path(__file__).resolve().parents[2])  # where `gpt` can be imported from
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen([sys.executable, "-c", program], env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    weakref.finalize(process, process.kill)  # also at exit: never left running after this process
+    return process
+
+
+def finish_compiling(process, timeout=600):
+    """Wait for a process `compile_in_background` started (None: nothing to wait for). It does not
+    matter whether it succeeded: the kernel is loaded from the cache, or compiled, at its first use."""
+    if process is None:
+        return
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
