@@ -94,6 +94,13 @@ positions, SwiGLU and the int8 and int4 products, which would otherwise be most 
 run (an empty compile cache) spends compiling the step. Each combination of options and weight
 forms compiles its own version of the kernel, once, and keeps it in the cache.
 """
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -577,6 +584,23 @@ def is_compiled(model):
         return True
     types = tuple(decode_step.typeof_pyval(a) for a in step_arguments(model, decode_weights(model)))
     return types in decode_step.overloads or decode_step._cache.load_overload(types, decode_step.targetctx) is not None
+
+
+def compile_in_background(model):
+    """Start a second process that compiles the kernel's version for `model` into the compile cache
+    this process reads (`compile_for`), and return it (a subprocess.Popen); None if the kernel does
+    not run this model or its version is compiled already. The process writes nothing but the
+    cache and prints nothing; if it fails, the kernel compiles at its first use, as it would have.
+    It is killed if this process ends first."""
+    if not can_run(model) or is_compiled(model):
+        return None
+    fields, dtype = json.dumps(dataclasses.asdict(model.config)), str(next(iter(model.parameters())).dtype)
+    program = f"import json; from gpt.generation import decode_kernel; decode_kernel.compile_for(json.loads({fields!r}), {dtype!r})"
+    project = str(Path(__file__).resolve().parents[2])  # where `gpt` can be imported from
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen([sys.executable, "-c", program], env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    weakref.finalize(process, process.kill)  # at exit too: never left running after this process
+    return process
 
 
 def compile_for(config_fields, dtype):

@@ -26,14 +26,8 @@ Every argument of generation is checked before any kernel runs (the `check_*` fu
 the kernels index without bounds checks, so an id outside the vocabulary would otherwise read
 outside the embedding table.
 """
-import dataclasses
-import json
 import math
-import os
 import subprocess
-import sys
-import weakref
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -263,28 +257,18 @@ def check_generation_options(where, max_new_tokens, temperature, top_k, top_p, u
 
 def compile_in_background(model):
     """Start compiling the fast set's one-token kernel for `model` in a second process, and return
-    that process (a subprocess.Popen) for `finish_compiling`; None where nothing is to compile: the
-    readable set or no JIT, a model the kernel does not run, or a version already compiled.
+    that process for `finish_compiling`; None where nothing is to compile: the readable set or no
+    JIT, a model the kernel does not run, or a version already compiled.
 
     Why. On a first run (an empty compile cache) the kernel takes seconds to compile, at its first
     use. A program that generates after other work (train.py samples once it has trained) starts
-    this first: the second process compiles on the other core, into the compile cache this one
-    reads, while this one works; its first use then loads it from the cache. The process writes
-    nothing else and prints nothing; if it fails, the kernel is compiled at its first use, as it
-    would have been. It is killed if this process ends first."""
+    this first, so that the other core compiles it into the cache while this one works; the first
+    use then loads it (gpt/generation/decode_kernel.py's `compile_in_background` says how)."""
     if mt.get_kernels() != "fast" or numba.config.DISABLE_JIT or model.new_cache_arrays(1) is None:
         return None
     from gpt.generation import decode_kernel  # the fast set's: the readable set never imports it
 
-    if not decode_kernel.can_run(model) or decode_kernel.is_compiled(model):
-        return None
-    fields, dtype = json.dumps(dataclasses.asdict(model.config)), str(next(iter(model.parameters())).dtype)
-    program = f"import json; from gpt.generation import decode_kernel; decode_kernel.compile_for(json.loads({fields!r}), {dtype!r})"
-    project = str(Path(__file__).resolve().parents[2])  # where `gpt` can be imported from
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")])))
-    process = subprocess.Popen([sys.executable, "-c", program], env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    weakref.finalize(process, process.kill)  # also at exit: never left running after this process
-    return process
+    return decode_kernel.compile_in_background(model)
 
 
 def finish_compiling(process, timeout=600):
