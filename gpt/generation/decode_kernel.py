@@ -474,6 +474,34 @@ def decode_self_speculative(weights, heads, tokens, position, steps, keys, value
     return chosen, proposed, (int(counts[1]), int(counts[2]), int(counts[3]))
 
 
+def decode_speculative(target, draft, speculate_k, steps):
+    """Speculative decoding at temperature 0 in one call (`speculative_steps`): target and draft are
+    (weights, tokens (1, n) as `decode` takes them, position, keys, values) of the two models, each
+    model's tokens the end of one sequence that its cache does not hold yet. Returns (chosen
+    (steps,) int64, the positions each cache then holds (target's, draft's), SpeculativeStats-like
+    counts (rounds, proposed, accepted)). The chosen tokens are the target's greedy ones. The caller
+    keeps both windows from moving: every length the rounds reach fits in both caches."""
+    steps = checked_steps("decode_speculative", steps)
+    if isinstance(speculate_k, (bool, np.bool_)) or not isinstance(speculate_k, (int, np.integer)) or speculate_k < 1:
+        raise InputError(f"decode_speculative: speculate_k must be an int >= 1, got {speculate_k!r}")
+    models = []
+    for name, (weights, tokens, position, keys, values) in (("target", target), ("draft", draft)):
+        tokens = checked(f"decode_speculative ({name})", weights, tokens, position, 0, keys, values)
+        if tokens.shape[0] != 1:
+            raise InputError(f"decode_speculative: one sequence at a time, got a batch of {tokens.shape[0]} for the {name}")
+        models.append((weights, tokens, int(position), keys, values))
+    (target_weights, target_tokens, target_position, target_keys, target_values), draft_model = models
+    draft_weights, draft_tokens, draft_position, draft_keys, draft_values = draft_model
+    if draft_weights.lm_head_bias.shape[0] != target_weights.lm_head_bias.shape[0]:
+        raise InputError("decode_speculative: the target and the draft must share one vocabulary")
+    chosen = np.empty(steps, np.int64)
+    counts = np.zeros(5, np.int64)  # rounds, proposed, accepted, then the positions the two caches hold
+    arguments = (target_tokens, target_position, target_weights, target_keys, target_values,
+                 draft_tokens, draft_position, draft_weights, draft_keys, draft_values, np.int64(speculate_k), chosen, counts)  # fmt: skip
+    compiled(speculative_steps, target_weights, arguments, draft_weights)(*arguments)
+    return chosen, (int(counts[3]), int(counts[4])), (int(counts[0]), int(counts[1]), int(counts[2]))
+
+
 def checked_steps(where, steps):
     if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise InputError(f"{where}: steps must be an int >= 1, got {steps!r}")
@@ -523,23 +551,24 @@ def checked(where, weights, tokens, position, more, keys, values):
 
 
 COMPILED_KEPT = 8  # the (kernel, DecodeWeights) pairs whose compiled version is remembered: a generation uses one to four
-_compiled = {}  # (id(kernel), id(weights)) -> (weights, the kernel compiled for their arguments' types)
+_compiled = {}  # (id(kernel), id(weights), id(draft weights)) -> (both weights, the kernel compiled for their arguments' types)
 _compiled_by_kind = {}  # (id(kernel), kind_of(arguments)) -> the kernel compiled for such arguments
 
 
-def compiled(kernel_function, weights, arguments):
-    """A kernel's compiled version for these arguments (the weights among them), to call directly.
-    Numba's dispatcher works out the type of every argument on each call to choose the version to
-    run; DecodeWeights holds some 70 arrays, and that costs more than a small model's token. The
-    arrays passed with the same weights always have the same types (int64 tokens, C-contiguous
-    caches and outputs: the callers make sure), so the version is found once per DecodeWeights (by
-    `kind_of`, which names everything its type depends on) and kept with them, alive, so that their
-    id names them alone."""
+def compiled(kernel_function, weights, arguments, draft_weights=None):
+    """A kernel's compiled version for these arguments (the weights among them, and a draft model's
+    for speculative decoding), to call directly. Numba's dispatcher works out the type of every
+    argument on each call to choose the version to run; DecodeWeights holds some 70 arrays, and
+    that costs more than a small model's token. The arrays passed with the same weights always have
+    the same types (int64 tokens, C-contiguous caches and outputs: the callers make sure), so the
+    version is found once per DecodeWeights (by `kind_of`, which names everything its type depends
+    on) and kept with them, alive, so that their id names them alone."""
     if not all(a.flags.c_contiguous for a in arguments if isinstance(a, np.ndarray)):
         return kernel_function  # other layouts (a view of a cache): the dispatcher chooses, nothing is kept
-    known = _compiled.get((id(kernel_function), id(weights)))
-    if known is not None and known[0] is weights:
-        return known[1]
+    key = (id(kernel_function), id(weights), id(draft_weights))
+    known = _compiled.get(key)
+    if known is not None and known[0] is weights and known[1] is draft_weights:
+        return known[2]
     if not hasattr(kernel_function, "overloads"):  # the JIT is off: the plain function
         return kernel_function
     kind = (id(kernel_function), kind_of(tuple(arguments)))
@@ -550,7 +579,7 @@ def compiled(kernel_function, weights, arguments):
         _compiled_by_kind[kind] = kernel_function.overloads[types].entry_point
     while len(_compiled) >= COMPILED_KEPT:
         _compiled.pop(next(iter(_compiled)))  # the oldest
-    _compiled[id(kernel_function), id(weights)] = weights, _compiled_by_kind[kind]
+    _compiled[key] = weights, draft_weights, _compiled_by_kind[kind]
     return _compiled_by_kind[kind]
 
 
@@ -808,6 +837,86 @@ def self_speculative_steps(tokens, position, w, heads, keys, values, drafts, cho
         position += n + accepted
         n = 1
     counts[0] = valid
+
+
+@kernel(tag=FAST)
+def speculative_steps(t_tokens, t_position, tw, t_keys, t_values, d_tokens, d_position, dw, d_keys, d_values, speculate_k, chosen, counts):
+    """Speculative decoding at temperature 0 (gpt/generation/electives/speculative.py), its rounds in
+    one call: no Python between them, and each round as the module's `round` makes it.
+
+    t_tokens (1, nt) and d_tokens (1, nd): the end of the sequence that the target's cache (holding
+    positions < t_position) and the draft's (< d_position) do not hold yet. A round: the draft feeds
+    its pending tokens and proposes k tokens, each its argmax after the one before (it feeds k - 1 of
+    them); the target feeds its pending tokens and the k proposals in one `decode_step`, keeps the
+    proposals that equal its argmax at each place, and ends with its argmax after them. k is
+    speculate_k, fewer where the tokens still wanted or either cache's room end. Each cache then keeps
+    every token but the round's last (the draft: as many of them as it fed), and the rest is pending
+    for the next round. Writes chosen (steps,) and counts: rounds, proposed, accepted, and the
+    positions the target's and the draft's caches hold at the end."""
+    steps, V = chosen.shape[0], tw.lm_head_bias.shape[0]
+    Ct, Cd = tw.ln_1_weight.shape[1], dw.ln_1_weight.shape[1]
+    Tt, Td = t_keys.shape[3], d_keys.shape[3]
+    dtype = tw.ln_f_weight.dtype
+    nt, nd = t_tokens.shape[1], d_tokens.shape[1]
+    # the sequence from the draft's first pending token on: index i is the draft's position d_position + i
+    history = np.empty(nd + steps, np.int64)
+    for i in range(nd):
+        history[i] = d_tokens[0, i]
+    first_draft_position = d_position
+    t_pending = np.empty(max(nt, 1), np.int64)
+    for i in range(nt):
+        t_pending[i] = t_tokens[0, i]
+    proposals = np.empty(speculate_k, np.int64)
+    one = np.empty((1, 1), np.int64)
+    d_last = np.empty((1, 1, V), dtype)  # the draft's logits at its last fed position
+    d_hidden = np.empty((1, 1, Cd), dtype)
+    produced = 0
+    while produced < steps:
+        k = min(speculate_k, steps - produced, Tt - (t_position + nt), Td - (d_position + nd) + 1)
+        k = max(k, 0)
+        if k > 0:  # the draft: its pending tokens, then each proposal but the last
+            fed = np.empty((1, nd), np.int64)  # new arrays each round, not slices: a slice is another array type, another compile
+            for i in range(nd):
+                fed[0, i] = history[d_position - first_draft_position + i]
+            logits = np.empty((1, nd, V), dtype)
+            hidden = np.empty((1, nd, Cd), dtype)
+            decode_step(fed, d_position, dw, d_keys, d_values, logits, hidden)
+            proposals[0] = np.argmax(logits[0, nd - 1])
+            for i in range(1, k):
+                one[0, 0] = proposals[i - 1]
+                decode_step(one, d_position + nd + i - 1, dw, d_keys, d_values, d_last, d_hidden)
+                proposals[i] = np.argmax(d_last[0, 0])
+        # the target: its pending tokens and the k proposals, in one step
+        fed = np.empty((1, nt + k), np.int64)
+        for i in range(nt):
+            fed[0, i] = t_pending[i]
+        for i in range(k):
+            fed[0, nt + i] = proposals[i]
+        logits = np.empty((1, nt + k, V), dtype)
+        hidden = np.empty((1, nt + k, Ct), dtype)
+        decode_step(fed, t_position, tw, t_keys, t_values, logits, hidden)
+        accepted = 0
+        while accepted < k and np.argmax(logits[0, nt - 1 + accepted]) == proposals[accepted]:
+            accepted += 1
+        new = min(accepted + 1, steps - produced)  # the accepted proposals and the target's own token
+        for i in range(new):
+            token = proposals[i] if i < accepted else np.argmax(logits[0, nt - 1 + accepted])
+            chosen[produced + i] = token
+            history[d_position - first_draft_position + nd + i] = token
+        produced += new
+        counts[0] += 1
+        counts[1] += k
+        counts[2] += accepted
+        # both caches keep every token but the round's last (the draft: those it fed)
+        kept = t_position + nt + new - 1
+        draft_fed = d_position + nd + k - 1 if k > 0 else d_position
+        draft_kept = min(d_position + nd + new - 1, draft_fed)
+        t_position, nt = kept, 1
+        t_pending[0] = chosen[produced - 1]
+        nd = d_position + nd + new - draft_kept
+        d_position = draft_kept
+    counts[3] = t_position
+    counts[4] = d_position
 
 
 @kernel(tag=FAST)

@@ -183,26 +183,61 @@ def test_speculative_decoding_at_temperature_0_is_the_targets_greedy_output(kern
 
 @needs_jit
 def test_the_target_scores_each_rounds_proposals_in_one_call_of_the_decode_kernel(monkeypatch):
-    """Under the fast set, a round's k + 1 rows of the target go through the decode kernel in one
-    call (their products share each weight read), not through the modules; the output stays the
-    target's greedy output."""
+    """Under the fast set, a sampling round's k + 1 rows of the target go through the decode kernel
+    in one call (their products share each weight read), not through the modules."""
     from gpt.generation import decode_kernel
 
     calls = []
     original = decode_kernel.decode
 
-    def counted(weights, tokens, *rest):
+    def counted(weights, tokens, *rest, **options):
         calls.append(np.shape(tokens))
-        return original(weights, tokens, *rest)
+        return original(weights, tokens, *rest, **options)
 
     monkeypatch.setattr(decode_kernel, "decode", counted)
     target = tiny_gpt(0, vocab_size=6, pos="rope", n_layer=2)
     draft = noisy_copy(target, 0.01, seed=7, n_layer=2)
     with mt.using_kernels("fast"):
-        tokens, stats = speculative_generate(target, draft, [1, 2], 5, 4, temperature=0)
-        expected = greedy(target, [1, 2], 5)
-    assert tokens.tolist() == expected.tolist()
+        tokens, stats = speculative_generate(target, draft, [1, 2], 5, 4, temperature=0.8, seed=0)
+    assert len(tokens) == 5
     assert (1, 5) in calls  # a verification of 4 proposals: 5 rows, one call
+
+
+@needs_jit
+@pytest.mark.parametrize("speculate_k", [1, 3, 5])
+@pytest.mark.parametrize("prompt", [[1, 2], [3, 1, 4, 1, 5]])
+def test_greedy_rounds_in_one_kernel_call_are_the_rounds_one_at_a_time(speculate_k, prompt, monkeypatch):
+    """At temperature 0 under the fast set the rounds run inside one kernel call (decode_speculative)
+    while both windows hold them: the same tokens (the target's greedy ones), the same rounds,
+    proposals and acceptances as the rounds made one at a time, and caches that equal a fresh run
+    on the tokens each holds; a longer generation takes a call per stretch the windows hold."""
+    from gpt.generation import decode_kernel
+
+    target = tiny_gpt(0, vocab_size=6, pos="rope", n_layer=2)
+    draft = noisy_copy(target, 0.05, seed=7, n_layer=2)
+    calls = []
+    original = decode_kernel.decode_speculative
+    monkeypatch.setattr(decode_kernel, "decode_speculative", lambda *a: calls.append(a[-1]) or original(*a))
+    with mt.using_kernels("fast"):
+        steps = 8 + 1 - len(prompt)  # as many as the block of 8 holds
+        in_kernel = SpeculativeDecoder(target, draft, np.array([prompt]), speculate_k, 0.0)
+        with in_kernel.target_cache, in_kernel.draft_cache:
+            new = in_kernel.greedy_rounds(steps)
+        one_at_a_time = SpeculativeDecoder(target, draft, np.array([prompt]), speculate_k, 0.0)
+        with one_at_a_time.target_cache, one_at_a_time.draft_cache:
+            while one_at_a_time.sequence.shape[1] < len(prompt) + steps:
+                one_at_a_time.round(len(prompt) + steps - one_at_a_time.sequence.shape[1])
+        longer, _ = speculative_generate(target, draft, prompt, 20, speculate_k, temperature=0)
+    assert calls[0] == steps and len(calls) > 2  # the first generation, then the longer one's stretches
+    assert new == one_at_a_time.sequence[0, len(prompt) :].tolist() == greedy(target, prompt, steps).tolist()
+    assert in_kernel.stats == one_at_a_time.stats and in_kernel.stats.proposed > 0
+    for model, cache, other in ((target, in_kernel.target_cache, one_at_a_time.target_cache), (draft, in_kernel.draft_cache, one_at_a_time.draft_cache)):
+        assert (cache.start, cache.fed) == (other.start, other.fed)
+        held = in_kernel.sequence[:, cache.start : cache.start + cache.fed]
+        keys, values = cache_of_a_fresh_run(model, held)
+        assert np.allclose(cache.keys[:, :, :, : cache.fed], keys, rtol=1e-10, atol=1e-12)
+        assert np.allclose(cache.values[:, :, :, : cache.fed], values, rtol=1e-10, atol=1e-12)
+    assert longer.tolist() == greedy(target, prompt, 20).tolist()  # past the windows, where they move
 
 
 def test_speculative_decoding_with_the_target_as_its_own_draft_accepts_everything():

@@ -22,6 +22,11 @@ starts depends only on the sequence's length, never on its tokens, so a round ca
 tokens to propose so that neither model's window moves inside the round (it moves, if it must, at
 the start of the next round): the target then scores each position with the very window plain
 generation would give it.
+
+Under the fast kernel set at temperature 0 there is nothing to draw, so the rounds themselves run
+inside one kernel call (`greedy_rounds`, gpt/generation/decode_kernel.py's `decode_speculative`),
+for as many tokens as both windows hold without moving: the same rounds, with no Python between
+them, which is what lets the draft pay against the kernel's plain greedy loop.
 """
 from dataclasses import dataclass
 
@@ -30,7 +35,7 @@ import numpy as np
 from microtensor import InputError, InputTypeError
 from microtensor.checks import is_integer
 
-from gpt.generation.decoder import Decoder, check_generation_options, check_one_sequence
+from gpt.generation.decoder import KERNEL_TOKENS, Decoder, check_generation_options, check_one_sequence
 from gpt.model.transformer import GPT
 from gpt.generation.sampling import token_distribution
 
@@ -106,6 +111,35 @@ class SpeculativeDecoder:
         target_room = self.target_cache.block - (n - self.target_cache.start_for(n))
         draft_room = self.draft_cache.block - (n - self.draft_cache.start_for(n)) + 1
         return min(self.speculate_k, limit, target_room, draft_room)
+
+    def greedy_rounds(self, limit):
+        """At temperature 0 with both models under the decode kernel: rounds in one kernel call
+        (decode_kernel.decode_speculative), for as many tokens (at most `limit`) as both windows hold
+        without moving; returns them, or None when the kernel cannot take this step (then `round` does)."""
+        target, draft = self.target_cache, self.draft_cache
+        n = self.sequence.shape[1]
+        target.advance(n)
+        draft.advance(n)
+        pending = [self.sequence[:, cache.start + cache.fed :] for cache in (target, draft)]  # (1, m) each
+        if target.kernel is None or draft.kernel is None or any(p.shape[1] > KERNEL_TOKENS for p in pending):
+            return None
+        # the last token a round feeds stays inside both windows
+        steps = min(limit, target.block - (n - target.start) + 1, draft.block - (n - draft.start) + 1)
+        chosen, held, (rounds, proposed, accepted) = target.kernel.decode_speculative(
+            (target.kernel_weights, pending[0], target.fed, target.keys, target.values),
+            (draft.kernel_weights, pending[1], draft.fed, draft.keys, draft.values),
+            self.speculate_k, steps,
+        )  # fmt: skip
+        for cache, fed in zip((target, draft), held):
+            cache.fed = fed
+            for layer_cache in cache.caches:
+                layer_cache.length = fed
+        self.sequence = np.concatenate([self.sequence, chosen[None]], axis=1)
+        self.stats.rounds += rounds
+        self.stats.proposed += proposed
+        self.stats.accepted += accepted
+        self.stats.generated += steps
+        return chosen.tolist()
 
     def round(self, limit):
         """Propose, verify, accept or resample; returns the new tokens (1 to min(k + 1, limit))."""
@@ -186,7 +220,8 @@ def _speculative_tokens(target, draft, prompt, max_new_tokens, speculate_k, temp
     with decoder.target_cache, decoder.draft_cache:  # both models in evaluation mode, without gradients
         produced = 0
         while produced < max_new_tokens:
-            for token in decoder.round(max_new_tokens - produced):
+            new = decoder.greedy_rounds(max_new_tokens - produced) if temperature == 0 else None
+            for token in decoder.round(max_new_tokens - produced) if new is None else new:
                 produced += 1
                 yield token
 
