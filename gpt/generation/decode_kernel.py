@@ -961,14 +961,40 @@ def rows_times_matrix(x, weight, out):
     in memory, writing N different outputs, which the compiler turns into vector instructions (a dot
     product per output, down a column, would stride through memory). Taking four rows per pass loads
     and stores out a quarter as often as one row per pass would; the four rows, read from memory once,
-    serve every row r of x from the L1 cache. An int8 code becomes a float inside the multiply-add."""
+    serve every row r of x from the L1 cache. With several rows of x (a speculative round's check), four
+    of them (then two, then one) share each loaded weight: the loop's loads, not its multiply-adds, are
+    what limit it. Each output's sum is added in the same order either way. An int8 code becomes a
+    float inside the multiply-add."""
     n, K = x.shape
     N = weight.shape[1]
     real = out.dtype.type
     rows_by_four = K - K % 4
     for i in range(0, rows_by_four, 4):
         w0, w1, w2, w3 = weight[i], weight[i + 1], weight[i + 2], weight[i + 3]  # (N,) each
-        for r in range(n):
+        r = 0
+        while r + 4 <= n:  # four rows of x at a time: each weight, loaded once, serves all four
+            a0, a1, a2, a3 = x[r, i], x[r, i + 1], x[r, i + 2], x[r, i + 3]
+            b0, b1, b2, b3 = x[r + 1, i], x[r + 1, i + 1], x[r + 1, i + 2], x[r + 1, i + 3]
+            c0, c1, c2, c3 = x[r + 2, i], x[r + 2, i + 1], x[r + 2, i + 2], x[r + 2, i + 3]
+            d0, d1, d2, d3 = x[r + 3, i], x[r + 3, i + 1], x[r + 3, i + 2], x[r + 3, i + 3]
+            out_a, out_b, out_c, out_d = out[r], out[r + 1], out[r + 2], out[r + 3]
+            for j in range(N):
+                v0, v1, v2, v3 = real(w0[j]), real(w1[j]), real(w2[j]), real(w3[j])
+                out_a[j] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
+                out_b[j] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
+                out_c[j] += c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3
+                out_d[j] += d0 * v0 + d1 * v1 + d2 * v2 + d3 * v3
+            r += 4
+        while r + 2 <= n:
+            a0, a1, a2, a3 = x[r, i], x[r, i + 1], x[r, i + 2], x[r, i + 3]
+            b0, b1, b2, b3 = x[r + 1, i], x[r + 1, i + 1], x[r + 1, i + 2], x[r + 1, i + 3]
+            out_a, out_b = out[r], out[r + 1]
+            for j in range(N):
+                v0, v1, v2, v3 = real(w0[j]), real(w1[j]), real(w2[j]), real(w3[j])
+                out_a[j] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
+                out_b[j] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
+            r += 2
+        if r < n:  # the last row, alone
             x0, x1, x2, x3 = x[r, i], x[r, i + 1], x[r, i + 2], x[r, i + 3]
             out_row = out[r]
             for j in range(N):
