@@ -881,6 +881,14 @@ MUTANTS = [
         why="the fast kernels would call the slower BLAS of the two measured",
     ),
     Mutant(
+        "decode.rows_share_weights", "gpt/generation/decode_kernel.py",
+        "out_d[j] += d0 * v0 + d1 * v1",
+        "out_d[j] += c0 * v0 + d1 * v1",
+        'tests/test_gpt.py -k "share_weights"',
+        jit=True,
+        why="the fourth of four rows of x sharing a weight load takes the third row's first number",
+    ),
+    Mutant(
         "decode.tied_head", "gpt/generation/decode_kernel.py",
         "lm_head = parts.wte.weight if config.tie_weights else",
         "lm_head = parts.wte.weight if config.tie_weights or config.bias else",

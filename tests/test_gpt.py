@@ -771,3 +771,22 @@ else:
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == [expected]
     assert any((tmp_path / "cache").rglob("decode_kernel.decode_step*.nbi"))
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_decode_kernels_rows_share_weights_without_changing_a_bit(dtype):
+    """rows_times_matrix takes up to four rows of x against each loaded weight (a speculative round's
+    check); every row's output is, bit for bit, what the row gives alone, float weights and int8 codes."""
+    from gpt.generation.decode_kernel import rows_times_matrix
+
+    rng = np.random.default_rng(3)
+    for weight in (rng.standard_normal((131, 37)).astype(dtype), rng.integers(-127, 128, (131, 37)).astype(np.int8)):
+        for n in (2, 3, 4, 5, 7, 8, 9):
+            x = rng.standard_normal((n, 131)).astype(dtype)
+            together = np.zeros((n, 37), dtype)
+            rows_times_matrix(x, weight, together)
+            for r in range(n):
+                alone = np.zeros((1, 37), dtype)
+                rows_times_matrix(x[r : r + 1].copy(), weight, alone)
+                np.testing.assert_array_equal(together[r], alone[0])
