@@ -349,6 +349,19 @@ def test_the_sum_of_two_arrays_is_numpys_bit_for_bit(shape, dtype, which):
 
 
 @needs_jit
+@pytest.mark.parametrize("size", [7, 12 * 64 * 128])  # on the calling thread, and shared among the threads
+def test_the_copy_of_a_first_gradient_is_exact_and_new(size):
+    """The fast copy_gradient (the elements in bands, one per thread, from a page per thread) gives
+    the gradient's values bit for bit, in a new array."""
+    from microtensor.fast import memory
+
+    grad = np.random.default_rng(size).standard_normal(size).astype(np.float32).reshape(-1, 1)
+    copy = memory.copy_gradient(grad)
+    np.testing.assert_array_equal(copy, grad)
+    assert copy.shape == grad.shape and not np.shares_memory(copy, grad)
+
+
+@needs_jit
 def test_a_sum_is_shared_among_the_threads_from_a_page_per_thread(monkeypatch):
     """The default recipe's residual stream (12 × 64 × 128) is added by all the threads; a sum of
     less than a page of numbers per thread is numpy's, on the calling thread."""

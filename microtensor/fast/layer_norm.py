@@ -5,8 +5,9 @@ the rows shared among the threads.
   run in parallel (`prange`); compiled with REDUCE_FASTMATH, which lets the compiler add a row's
   sums in any order, so that they vectorize (the readable kernels add them in the order written,
   one number at a time).
-- layer_norm_backward_params has no twin: every row adds into the same C sums, and its loop already
-  vectorizes across the columns in the order written.
+- layer_norm_backward_params: every row adds into the same C sums, so the rows are cut into one
+  band per thread, each thread sums its band into a row of partial sums of its own, and the bands'
+  sums are added in band order at the end (the order of the additions changes, not what is added).
 
 Why two threads for so little arithmetic: a LayerNorm does a few operations per number it reads,
 so its time is the time to bring the rows in from memory (or from the cache of the core whose kernel
@@ -74,6 +75,39 @@ def layer_norm_backward_input_in_parallel(grad_out, x, weight, mean, rstd, grad_
 # The same loops compiled without threads: `prange` runs as `range`.
 layer_norm_forward_serial = kernel(fastmath=REDUCE_FASTMATH, tag="serial")(layer_norm_forward_in_parallel)
 layer_norm_backward_input_serial = kernel(fastmath=REDUCE_FASTMATH, tag="serial")(layer_norm_backward_input_in_parallel)
+
+
+@kernel(parallel=True, fastmath=REDUCE_FASTMATH)
+def layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, grad_bias, partial_weight, partial_bias):
+    """grad_weight (C,) = sum over rows of grad_out * xhat, grad_bias (C,) = sum of grad_out, the rows
+    in one band per row of partial_weight and partial_bias (bands, C), added in band order at the end."""
+    N, C = x.shape
+    bands = partial_weight.shape[0]
+    for band in prange(bands):
+        for c in range(C):
+            partial_weight[band, c] = 0
+            partial_bias[band, c] = 0
+        for n in range(N * band // bands, N * (band + 1) // bands):
+            m, r = mean[n], rstd[n]
+            for c in range(C):
+                partial_weight[band, c] += grad_out[n, c] * (x[n, c] - m) * r
+                partial_bias[band, c] += grad_out[n, c]
+    for c in range(C):
+        grad_weight[c] = partial_weight[0, c]
+        grad_bias[c] = partial_bias[0, c]
+    for band in range(1, bands):
+        for c in range(C):
+            grad_weight[c] += partial_weight[band, c]
+            grad_bias[c] += partial_bias[band, c]
+
+
+@fast_twin(readable.layer_norm_backward_params)
+def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
+    if not _worth_sharing(x):
+        return readable.layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias)
+    bands = numba.get_num_threads()
+    partial_weight, partial_bias = (np.empty((bands, x.shape[1]), dtype=x.dtype) for _ in range(2))
+    layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, grad_bias, partial_weight, partial_bias)
 
 
 @fast_twin(readable.layer_norm_forward)

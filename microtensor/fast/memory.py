@@ -2,7 +2,7 @@
 of the Add op's sum of two same-shaped arrays (`add_arrays`, microtensor/ops/elementwise.py).
 
 copy_gradient: a leaf's first gradient copied into `.grad` by a compiled loop rather than by
-numpy's copy.
+numpy's copy, shared among the threads from a page of numbers per thread (as the sums below).
 
 Why: numpy copies a contiguous array with the C library's memcpy, and glibc's memcpy has a slow
 case when the copy begins just past its source modulo 4096 bytes, which is where malloc places an
@@ -35,12 +35,20 @@ def copy_elements(source, destination):
         destination[i] = source[i]
 
 
+@kernel(parallel=True)
+def copy_elements_in_bands(source, destination):
+    """copy_elements, the elements shared among the threads in contiguous bands."""
+    for i in prange(source.shape[0]):
+        destination[i] = source[i]
+
+
 @fast_twin(readable_copy_gradient)
 def copy_gradient(grad):
     if not grad.flags.c_contiguous:
         return np.array(grad, copy=True)
     copy = np.empty_like(grad)
-    copy_elements(grad.reshape(-1), copy.reshape(-1))
+    shared = grad.size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
+    (copy_elements_in_bands if shared else copy_elements)(grad.reshape(-1), copy.reshape(-1))
     return copy
 
 
