@@ -338,10 +338,17 @@ def address(x):
 def blas_layout(x):
     """(transpose flag, leading dimension) that BLAS reads the matrix x (rows, cols) with, or None if
     x's strides fit neither way (then it must be copied)."""
-    rows, cols = x.shape
-    if any(s % x.itemsize for s in x.strides):
+    return layout_of(x.shape, x.strides, x.itemsize)
+
+
+@functools.lru_cache(maxsize=256)
+def layout_of(shape, strides, itemsize):
+    """blas_layout from a matrix's shape, strides and item size; kept, as a training step asks for the
+    same few layouts a hundred times."""
+    rows, cols = shape
+    if any(s % itemsize for s in strides):
         return None
-    row_stride, col_stride = (s // x.itemsize for s in x.strides)
+    row_stride, col_stride = (s // itemsize for s in strides)
     if col_stride == 1 and (rows == 1 or row_stride >= max(1, cols)):
         return NO_TRANSPOSE, max(1, cols) if rows == 1 else row_stride
     if row_stride == 1 and (cols == 1 or col_stride >= max(1, rows)):
