@@ -42,16 +42,17 @@ def test_float32_kernels_agree_with_float64_references(shape, seed, kernel_set):
 
 
 def test_which_norm_kernels_have_fast_twins():
-    """The row kernels have twins (compiled to sum in any order); the kernels summing over rows and
-    embedding's gather and scatter-add have none (the readable loops are the fast ones)."""
+    """The row kernels have twins (compiled to sum in any order), and so has LayerNorm's sum over the
+    rows (in one band of rows per thread); RMSNorm's sum over the rows and embedding's gather and
+    scatter-add have none (the readable loops are the fast ones)."""
     if numba.config.DISABLE_JIT:
         pytest.skip("the fast kernels need Numba's compiler")
     twinned = [
-        layer_norm.layer_norm_forward, layer_norm.layer_norm_backward_input,
+        layer_norm.layer_norm_forward, layer_norm.layer_norm_backward_input, layer_norm.layer_norm_backward_params,
         rms_norm.rms_norm_forward, rms_norm.rms_norm_backward_input,
     ]  # fmt: skip
     alone = [
-        layer_norm.layer_norm_backward_params, rms_norm.rms_norm_backward_weight,
+        rms_norm.rms_norm_backward_weight,
         embedding.embedding_forward, embedding.embedding_backward, embedding.first_id_out_of_range,
     ]  # fmt: skip
     with mt.using_kernels("fast"):
