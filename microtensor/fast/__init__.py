@@ -8,7 +8,7 @@ ops the default GPT runs are at the top; those of the techniques (`ops/electives
 
     blas.py          numpy's BLAS called from compiled kernels, on Numba's threads
     vector_math.py   e^x, tanh, erf, the sigmoid and a row's max, written so that loops vectorize
-    memory.py        the copy of a leaf's first gradient into `.grad`, and the sum of two gradients
+    memory.py        the copy of a leaf's first gradient into `.grad`, and the sum of two arrays (gradients, Add)
     optimizer.py     SGD's and AdamW's updates, shared among the threads
     process.py       process-wide settings for training speed, applied only when asked for
 
