@@ -884,7 +884,7 @@ MUTANTS = [
         "decode.rows_share_weights", "gpt/generation/decode_kernel.py",
         "out_d[j] += d0 * v0 + d1 * v1",
         "out_d[j] += c0 * v0 + d1 * v1",
-        'tests/test_gpt.py -k "share_weights"',
+        'tests/test_gpt.py -k "rows_sharing_weights"',
         jit=True,
         why="the fourth of four rows of x sharing a weight load takes the third row's first number",
     ),
