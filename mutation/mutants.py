@@ -851,11 +851,19 @@ MUTANTS = [
     ),
     Mutant(
         "engine.copy_gradient.fast", "microtensor/fast/memory.py",
-        "        destination[i] = source[i]\n",
-        "        destination[i] = abs(source[i])\n",
+        "    for i in range(source.shape[0]):\n        destination[i] = source[i]\n",
+        "    for i in range(source.shape[0]):\n        destination[i] = abs(source[i])\n",
         "tests/test_engine.py",
         jit=True,
         why="the fast copy of a leaf's first gradient into .grad drops the signs",
+    ),
+    Mutant(
+        "engine.copy_gradient_in_bands.fast", "microtensor/fast/memory.py",
+        "    for i in prange(source.shape[0]):\n        destination[i] = source[i]\n",
+        "    for i in prange(source.shape[0]):\n        destination[i] = abs(source[i])\n",
+        'tests/test_kernel_sets.py -k "copy_of_a_first_gradient"',
+        jit=True,
+        why="the threads' copy of a large first gradient into .grad drops the signs",
     ),
     Mutant(
         "engine.sum_in_bands.fast", "microtensor/fast/memory.py",
