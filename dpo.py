@@ -128,20 +128,9 @@ def check_args(args, explicit=()):
         raise FlagError("pairs", args.pairs, "a JSONL file of preference pairs, or 'builtin'")
 
 
-def load_full_model(flag_name, folder):
-    """(model, tokenizer, meta) of a full model's checkpoint, or a FlagError naming the flag."""
-    try:
-        model, tokenizer, meta = checkpoint.load_model(folder)
-    except checkpoint.CheckpointError as error:
-        raise FlagError(flag_name, folder, f"a folder holding a checkpoint written by train.py ({error})") from None
-    if "lora" in meta:
-        raise FlagError(flag_name, folder, f"a full model's checkpoint, but {checkpoint.path_in(folder)} holds LoRA adapters alone")
-    return model, tokenizer, meta
-
-
 def load_reference(folder, config, tokenizer):
     """The frozen model of --reference, refused unless its vocabulary is the policy's."""
-    model, reference_tokenizer, _ = load_full_model("reference", folder)
+    model, reference_tokenizer, _ = training.load_full_model("reference", folder)
     ours, theirs = checkpoint.tokenizer_meta(tokenizer), checkpoint.tokenizer_meta(reference_tokenizer)
     if model.config.vocab_size != config.vocab_size or ours != theirs:
         raise FlagError(
@@ -187,7 +176,7 @@ def set_up(args, explicit):
         checkpoint.prepare_out_dir(args.out_dir)
         if path.exists() and not args.force:
             raise FlagError("out_dir", args.out_dir, f"a folder without a checkpoint: {path} exists; pass --resume to continue it, --force to replace it")
-    policy, tokenizer, _ = load_full_model("init_from", args.init_from)
+    policy, tokenizer, _ = training.load_full_model("init_from", args.init_from)
     config = policy.config
     lora_record = base_record = None
     if args.lora_rank is not None:

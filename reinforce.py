@@ -40,7 +40,7 @@ from gpt.checkpoints import checkpoint
 from gpt.model.electives import dpo
 from gpt.model.electives import policy_gradient as pg
 from gpt.text.electives.addition import AdditionTask
-from programs import cli
+from programs import cli, training
 from programs.cli import FlagError, TrainingStopped, console
 
 
@@ -119,7 +119,7 @@ def check_args(args, explicit=()):
 def load_policy(args):
     """(model, task) of --init-from: the task its checkpoint records (train.py --data addition's
     digits and held-out set), refused unless the model's vocabulary is the task's."""
-    model, tokenizer, meta = load_checkpoint(args.init_from)
+    model, tokenizer, meta = training.load_full_model("init_from", args.init_from)
     record = meta.get("addition") or {"digits": 2, "seed": 0}  # without a record, the vocabulary check below decides
     task = AdditionTask(record["digits"], record["seed"])
     if checkpoint.tokenizer_meta(tokenizer) != checkpoint.tokenizer_meta(task.tokenizer) or model.config.vocab_size != task.tokenizer.vocab_size:
@@ -131,17 +131,6 @@ def load_policy(args):
     if task.problem_length > model.config.block_size + 1 or args.eval_problems > len(task.val_codes):
         raise FlagError("init_from", args.init_from, f"a model whose block holds a problem ({task.problem_length} tokens) and a held-out set of --eval-problems {args.eval_problems} sums")
     return model, task
-
-
-def load_checkpoint(folder):
-    """(model, tokenizer, meta) of a full model's checkpoint, or a FlagError naming --init-from."""
-    try:
-        model, tokenizer, meta = checkpoint.load_model(folder)
-    except checkpoint.CheckpointError as error:
-        raise FlagError("init_from", folder, f"a folder holding a checkpoint written by train.py ({error})") from None
-    if "lora" in meta:
-        raise FlagError("init_from", folder, f"a full model's checkpoint, but {checkpoint.path_in(folder)} holds LoRA adapters alone")
-    return model, tokenizer, meta
 
 
 def set_up(args):

@@ -566,6 +566,18 @@ def check_resume_fine_tuning(args, explicit, path, meta):
             raise FlagError(name, f"{value} with --resume", f"the checkpoint's LoRA {key} = {record[key]} ({path}): a resumed run keeps its adapters; drop the flag")
 
 
+def load_full_model(flag_name, folder):
+    """(model, tokenizer, meta) of a full model's checkpoint in `folder` (dpo.py's --init-from and
+    --reference, reinforce.py's --init-from), or a FlagError naming the flag."""
+    try:
+        model, tokenizer, meta = checkpoint.load_model(folder)
+    except checkpoint.CheckpointError as error:
+        raise FlagError(flag_name, folder, f"a folder holding a checkpoint written by train.py ({error})") from None
+    if "lora" in meta:
+        raise FlagError(flag_name, folder, f"a full model's checkpoint, but {checkpoint.path_in(folder)} holds LoRA adapters alone")
+    return model, tokenizer, meta
+
+
 def load_base_for_fine_tuning(args, explicit):
     """(base model state, config, tokenizer) of --init-from's checkpoint, which must hold a full model
     whose config and tokenizer the flags do not contradict; each refusal a FlagError naming it."""

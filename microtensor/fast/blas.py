@@ -220,7 +220,7 @@ def choose_library():
     """'OpenBLAS' or 'MKL', and its {our name: address}: the BLAS whose gemm the kernels call.
     MICROTENSOR_BLAS=openblas or =mkl says which; otherwise the faster of those installed on this
     CPU (`measure_libraries`, a few dozen products), measured once and kept on disk (`choice_file`), so that
-    every run on this machine makes the same choice and so computes the same numbers."""
+    every later run on the same machine makes the same choice and so computes the same numbers."""
     candidates = {"OpenBLAS": OPENBLAS}
     mkl = find_mkl()
     if mkl is not None:
