@@ -14,7 +14,7 @@ so its time is the time to bring the rows in from memory (or from the cache of t
 wrote them), and one core alone cannot draw all of the memory bandwidth (on many-core server chips it
 gets well under half). Two cores reading half the rows each take about half the time.
 
-Why not always: rows that give each thread fewer than a page of numbers (`MIN_ELEMENTS_PER_THREAD`,
+Why not always: rows that give each thread fewer than a page of numbers (`worth_sharing`,
 memory.py's rule for every elementwise kernel), such as the one row of a token being generated, cost
 less than waking a second thread. Those run the same loop compiled without threads (`*_serial`).
 """
@@ -24,12 +24,8 @@ from numba import prange
 
 from ..kernels import fast_twin, kernel
 from ..ops import layer_norm as readable
-from .memory import MIN_ELEMENTS_PER_THREAD
+from .memory import worth_sharing
 from .vector_math import REDUCE_FASTMATH
-
-
-def _worth_sharing(x):
-    return x.size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
 
 
 @kernel(parallel=True, fastmath=REDUCE_FASTMATH)
@@ -103,7 +99,7 @@ def layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, gr
 
 @fast_twin(readable.layer_norm_backward_params)
 def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
-    if not _worth_sharing(x):
+    if not worth_sharing(x.size):
         return readable.layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias)
     bands = numba.get_num_threads()
     partial_weight, partial_bias = (np.empty((bands, x.shape[1]), dtype=x.dtype) for _ in range(2))
@@ -112,11 +108,11 @@ def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
 
 @fast_twin(readable.layer_norm_forward)
 def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
-    forward = layer_norm_forward_in_parallel if _worth_sharing(x) else layer_norm_forward_serial
+    forward = layer_norm_forward_in_parallel if worth_sharing(x.size) else layer_norm_forward_serial
     forward(x, weight, bias, eps, y, mean, rstd)
 
 
 @fast_twin(readable.layer_norm_backward_input)
 def layer_norm_backward_input(grad_out, x, weight, mean, rstd, grad_x):
-    backward = layer_norm_backward_input_in_parallel if _worth_sharing(x) else layer_norm_backward_input_serial
+    backward = layer_norm_backward_input_in_parallel if worth_sharing(x.size) else layer_norm_backward_input_serial
     backward(grad_out, x, weight, mean, rstd, grad_x)

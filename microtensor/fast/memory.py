@@ -47,14 +47,19 @@ def copy_gradient(grad):
     if not grad.flags.c_contiguous:
         return np.array(grad, copy=True)
     copy = np.empty_like(grad)
-    shared = grad.size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
-    (copy_elements_in_bands if shared else copy_elements)(grad.reshape(-1), copy.reshape(-1))
+    (copy_elements_in_bands if worth_sharing(grad.size) else copy_elements)(grad.reshape(-1), copy.reshape(-1))
     return copy
 
 
 # The fewest elements worth a thread of their own in an elementwise kernel: one 4 KiB page of
 # float32 numbers (below it, waking a second thread costs more than the half it takes over).
 MIN_ELEMENTS_PER_THREAD = 1024
+
+
+def worth_sharing(size):
+    """Whether `size` numbers give every thread a page of them: the fast set's one rule for sharing
+    an elementwise or row-by-row kernel among the threads (memory.py, layer_norm.py, optimizer.py)."""
+    return size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
 
 
 @kernel(parallel=True)
@@ -71,7 +76,7 @@ def sum_in_bands(a, b):
     size = a.size
     if (
         a.ndim == 0
-        or size < MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
+        or not worth_sharing(size)
         or not (a.flags.c_contiguous and b.flags.c_contiguous)
         or a.dtype != b.dtype
         or a.shape != b.shape

@@ -8,21 +8,16 @@ many-core server chips it gets well under half). Each thread updates one contigu
 elements (`prange` hands them out so) with the readable kernel's arithmetic, so the result is the
 readable kernel's bit for bit (no fastmath: fused multiply-adds would change the last bit).
 
-An array too small to give every thread `MIN_ELEMENTS_PER_THREAD` elements (a LayerNorm's weight,
-a bias) is updated on the calling thread by the readable kernel: waking the other threads would
-cost more than the share they take over.
+An array too small to give every thread a page of elements (memory.py's `worth_sharing`: a
+LayerNorm's weight, a bias) is updated on the calling thread by the readable kernel: waking the
+other threads would cost more than the share they take over.
 """
-import numba
 import numpy as np
 from numba import prange
 
 from .. import optim as readable
 from ..kernels import fast_twin, kernel
-from .memory import MIN_ELEMENTS_PER_THREAD
-
-
-def _worth_sharing(n):
-    return n >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
+from .memory import worth_sharing
 
 
 @kernel(parallel=True)
@@ -49,11 +44,11 @@ def adamw_update_in_parallel(param, grad, m, v, lr, beta1, beta2, eps, weight_de
 
 @fast_twin(readable.sgd_update)
 def sgd_update(param, grad, momentum_buffer, lr, momentum, weight_decay):
-    update = sgd_update_in_parallel if _worth_sharing(param.shape[0]) else readable.sgd_update
+    update = sgd_update_in_parallel if worth_sharing(param.shape[0]) else readable.sgd_update
     update(param, grad, momentum_buffer, lr, momentum, weight_decay)
 
 
 @fast_twin(readable.adamw_update)
 def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, l2, bias_correction1, bias_correction2):
-    update = adamw_update_in_parallel if _worth_sharing(param.shape[0]) else readable.adamw_update
+    update = adamw_update_in_parallel if worth_sharing(param.shape[0]) else readable.adamw_update
     update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, l2, bias_correction1, bias_correction2)

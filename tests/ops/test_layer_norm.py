@@ -31,9 +31,10 @@ def test_layer_norm_by_plain_loops(kernel_set):
 def test_layer_norm_kernels_readable_and_fast_agree(dtype, shared, monkeypatch):
     kernel_pair(layer_norm.layer_norm_forward)  # skips without the JIT
     from microtensor.fast import layer_norm as fast_layer_norm
+    from microtensor.fast import memory
 
     # the fast twins' two compilations of each loop: the rows shared among the threads, or not
-    monkeypatch.setattr(fast_layer_norm, "MIN_ELEMENTS_PER_THREAD", 0 if shared else 10**12)
+    monkeypatch.setattr(memory, "MIN_ELEMENTS_PER_THREAD", 0 if shared else 10**12)
     x, w, b, g = norm_problem(dtype)
     N, C = x.shape
     eps = dtype(1e-5)
@@ -72,12 +73,13 @@ def test_the_fast_twins_share_the_rows_from_a_page_per_thread(monkeypatch):
     import numba
 
     from microtensor.fast import layer_norm as fast_layer_norm
+    from microtensor.fast import memory
 
     ran = []
     for name in ("layer_norm_forward_in_parallel", "layer_norm_forward_serial",
                  "layer_norm_backward_input_in_parallel", "layer_norm_backward_input_serial"):  # fmt: skip
         monkeypatch.setattr(fast_layer_norm, name, lambda *args, name=name: ran.append(name))
-    assert 128 < fast_layer_norm.MIN_ELEMENTS_PER_THREAD * numba.get_num_threads() <= 12 * 64 * 128
+    assert 128 < memory.MIN_ELEMENTS_PER_THREAD * numba.get_num_threads() <= 12 * 64 * 128
     for rows in (12 * 64, 1):
         x = np.zeros((rows, 128), np.float32)
         fast_layer_norm.layer_norm_forward(x, None, None, 1e-5, None, None, None)
