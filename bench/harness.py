@@ -347,13 +347,12 @@ def kernels_blas():
     from microtensor.fast import blas
 
     name = blas.library()
-    if name is None:
-        return "(none)"
-    package = {"MKL": "mkl", "OpenBLAS": "scipy-openblas64"}.get(name)
-    try:
-        return f"{name} {metadata.version(package)}"
-    except metadata.PackageNotFoundError:
-        return f"{name} (numpy {np.__version__}'s)" if name == "OpenBLAS" else name
+    if name == "MKL":
+        try:
+            return f"MKL {metadata.version('mkl')}"  # PyPI's package, which microtensor installs
+        except metadata.PackageNotFoundError:
+            return "MKL"  # from another installer
+    return "(none)" if name is None else f"OpenBLAS (numpy {np.__version__}'s)"
 
 
 def _cpuinfo(field):

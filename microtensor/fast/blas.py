@@ -221,18 +221,18 @@ def choose_library():
     MICROTENSOR_BLAS=openblas or =mkl says which; otherwise the faster of those installed on this
     CPU (`measure_libraries`, a few dozen products), measured once and kept on disk (`choice_file`), so that
     every later run on the same machine makes the same choice and so computes the same numbers."""
+    asked = os.environ.get("MICROTENSOR_BLAS")
+    if asked is not None and asked.lower() == "openblas":
+        return "OpenBLAS", OPENBLAS[0]  # numpy's, loaded already: MKL is not even looked for
     candidates = {"OpenBLAS": OPENBLAS}
     mkl = find_mkl()
     if mkl is not None:
         candidates["MKL"] = mkl
-    asked = os.environ.get("MICROTENSOR_BLAS")
     if asked is not None:
-        known = {name.lower(): name for name in ("OpenBLAS", "MKL")}
-        if known.get(asked.lower()) not in candidates:
+        if asked.lower() != "mkl" or mkl is None:
             installed = " or ".join(name.lower() for name in candidates)
             raise InputError(f"MICROTENSOR_BLAS: {asked!r} is not a BLAS installed here; expected {installed}")
-        choice = known[asked.lower()]
-        return choice, candidates[choice][0]
+        return "MKL", mkl[0]
     if len(candidates) == 1:
         return "OpenBLAS", OPENBLAS[0]
     key, path = machine_key([file for _, file in candidates.values()]), choice_file()
