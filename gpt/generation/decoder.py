@@ -131,14 +131,10 @@ class Decoder:
             # one kernel over every layer replaces their trip through the modules
             logits = self.kernel.decode(self.kernel_weights, new_tokens, self.fed, self.keys, self.values)  # (B, m, V)
         else:
-            for cache in self.caches:
-                cache.length = self.fed  # a moved window or a rollback starts writing here
+            self.hold(self.fed)  # a moved window or a rollback starts writing here
             with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
                 logits = model(new_tokens, caches=self.caches, offset=self.fed)[0].data  # (B, m, V)
-        self.fed = window.shape[1]
-        if self.use_kv_cache:
-            for cache in self.caches:
-                cache.length = self.fed
+        self.hold(window.shape[1])
         return logits
 
     def feed_greedy(self, sequences, steps):
@@ -153,9 +149,7 @@ class Decoder:
         fits = n + steps - 1 - self.start <= self.block  # the window does not move up to the last token fed
         if self.kernel is not None and self.use_kv_cache and fits and 1 <= new_tokens.shape[1] <= KERNEL_TOKENS:
             chosen, logits = self.kernel.decode_greedy(self.kernel_weights, new_tokens, self.fed, steps, self.keys, self.values)
-            self.fed += new_tokens.shape[1] + steps - 1
-            for cache in self.caches:
-                cache.length = self.fed
+            self.hold(self.fed + new_tokens.shape[1] + steps - 1)
             return chosen, logits
         chosen, logits = [], []
         for step in range(steps):
@@ -174,10 +168,15 @@ class Decoder:
                 f"Decoder.rollback: {length} tokens would keep {keep} positions of a window that starts at "
                 f"{self.start} and holds {self.fed}; expected between {self.start} and {self.start + self.fed} tokens"
             )
-        self.fed = keep
+        self.hold(keep)
+
+    def hold(self, fed):
+        """The cache holds the window's first `fed` tokens from now on: the count, and each layer
+        cache's length (attention reads the positions below it; the next tokens are written there)."""
+        self.fed = fed
         if self.use_kv_cache:
             for cache in self.caches:
-                cache.length = keep
+                cache.length = fed
 
     def reorder(self, rows):
         """Row r of the cache becomes what row rows[r] was (rows (B',) ints; B' may differ from B)."""
@@ -193,8 +192,7 @@ class Decoder:
             else:
                 self.keys, self.values = self.keys[:, rows], self.values[:, rows]  # new arrays of batch B'
                 self.caches = self.model.new_caches(rows.shape[0], (self.keys, self.values))
-                for cache in self.caches:
-                    cache.length = self.fed
+                self.hold(self.fed)
         self.batch = rows.shape[0]
 
 

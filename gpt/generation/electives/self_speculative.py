@@ -65,16 +65,13 @@ class HiddenStateDecoder(Decoder):
         if self.kernel is not None and new_tokens.shape[1] <= KERNEL_TOKENS:
             logits, hidden = self.kernel.decode(self.kernel_weights, new_tokens, self.fed, self.keys, self.values, hidden=True)
         else:
-            for cache in self.caches:
-                cache.length = self.fed  # a moved window or a rollback starts writing here
+            self.hold(self.fed)  # a moved window or a rollback starts writing here
             # a few tokens are too little work to share: waking a thread costs more (mt.num_threads)
             with mt.num_threads(1 if new_tokens.size <= SINGLE_THREAD_TOKENS else None):
                 hidden = self.model.trunk(mt.tensor(new_tokens), self.caches, self.fed)  # (1, m, C)
                 logits = self.model.logits_of(hidden).data  # (1, m, V)
             hidden = hidden.data
-        self.fed += new_tokens.shape[1]
-        for cache in self.caches:
-            cache.length = self.fed
+        self.hold(self.fed + new_tokens.shape[1])
         return logits, hidden
 
     def head_logits(self, hidden):
@@ -142,9 +139,7 @@ class SelfSpeculativeDecoder:
         chosen, drafts, (rounds, proposed, accepted) = cache.kernel.decode_self_speculative(
             cache.kernel_weights, cache.kernel_heads, new_tokens, cache.fed, steps, cache.keys, cache.values, self.drafts
         )
-        cache.fed += new_tokens.shape[1] + steps - 1
-        for layer_cache in cache.caches:
-            layer_cache.length = cache.fed
+        cache.hold(cache.fed + new_tokens.shape[1] + steps - 1)
         self.drafts = [int(d) for d in drafts]
         self.q = np.zeros((len(self.drafts), self.model.config.vocab_size))
         self.q[np.arange(len(self.drafts)), drafts] = 1  # temperature 0: each draft's distribution is one-hot

@@ -131,9 +131,7 @@ class SpeculativeDecoder:
             self.speculate_k, steps,
         )  # fmt: skip
         for cache, fed in zip((target, draft), held):
-            cache.fed = fed
-            for layer_cache in cache.caches:
-                layer_cache.length = fed
+            cache.hold(fed)
         self.sequence = np.concatenate([self.sequence, chosen[None]], axis=1)
         self.stats.rounds += rounds
         self.stats.proposed += proposed
