@@ -874,6 +874,14 @@ MUTANTS = [
         why="the threads' banded sum (gradients reaching a tensor twice, and Add's forward) adds one array to itself",
     ),
     Mutant(
+        "matmul.band_parts_added", "microtensor/fast/matmul.py",
+        "    for part in parts:\n        memory.add_into(grad_b, part)\n",
+        "    for part in parts[1:]:\n        memory.add_into(grad_b, part)\n",
+        'tests/ops/test_matmul.py -k "bands_of_rows"',
+        jit=True,
+        why="the backward cut into bands of rows leaves out the second band's part of dB",
+    ),
+    Mutant(
         "vector_math.tanh_clamp", "microtensor/fast/vector_math.py",
         "    a = real(19.1) if a > real(19.1) else a\n",
         "    a = real(1.91) if a > real(1.91) else a\n",

@@ -87,6 +87,16 @@ def sum_in_bands(a, b):
     return total
 
 
+def add_into(total, more):
+    """total += more, for two arrays of one shape and dtype, by `add_elements` where both are large
+    and contiguous (otherwise by numpy)."""
+    if worth_sharing(total.size) and total.flags.c_contiguous and more.flags.c_contiguous:
+        flat = total.reshape(-1)
+        add_elements(flat, more.reshape(-1), flat)  # each element read, then written: in place is safe
+    else:
+        total += more
+
+
 @fast_twin(readable_add_gradients)
 def add_gradients(held, more):
     return sum_in_bands(held, more)

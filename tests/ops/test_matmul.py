@@ -188,6 +188,50 @@ def test_linear_layer_sized_product_forward_and_backward(threads):
 
 
 @needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed view"])
+def test_backward_in_bands_of_rows(dtype, layout):
+    """backward_in_bands: each band's rows of dA = g Bᵀ and each band's part of dB = Aᵀ g, the
+    parts added, for 2 to 4 bands (more bands than threads too), with and without dA, each as numpy
+    gives it in float64; and the fast matmul_backward takes this path on two threads."""
+    blas, fast = fast_kernels()
+    assert blas.available()
+    n, k, m = 2 * fast.MIN_ROWS_PER_BAND + 1, 48, 80
+    a = LAYOUTS[layout](randn(n, k, seed=1, dtype=dtype))
+    b = LAYOUTS[layout](randn(k, m, seed=2, dtype=dtype))
+    g = LAYOUTS[layout](randn(n, m, seed=3, dtype=dtype))
+    a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
+    for bands in (2, 3, 4):
+        for with_grad_a in (True, False):
+            grad_a = np.full((n, k), np.nan, dtype=dtype) if with_grad_a else None
+            grad_b = np.full((k, m), np.nan, dtype=dtype)
+            assert fast.backward_in_bands(g, a, b, grad_a, grad_b, bands)
+            assert_close(grad_b, a64.T @ g64, dtype)
+            if with_grad_a:
+                assert_close(grad_a, g64 @ b64.T, dtype)
+    # an output BLAS cannot write row by row: nothing is done, and the caller multiplies as before
+    assert not fast.backward_in_bands(g, a, b, None, np.empty((m, k), dtype=dtype).T, 2)
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        taken = []
+        original = fast.backward_in_bands
+
+        def watched(*args):
+            taken.append(original(*args))
+            return taken[-1]
+
+        fast.backward_in_bands = watched
+        try:
+            grad_a, grad_b = np.empty((n, k), dtype=dtype), np.empty((k, m), dtype=dtype)
+            with mt.num_threads(2):
+                fast.matmul_backward(g, a, b, grad_a, grad_b)
+        finally:
+            fast.backward_in_bands = original
+        assert taken == [True]
+        assert_close(grad_a, g64 @ b64.T, dtype)
+        assert_close(grad_b, a64.T @ g64, dtype)
+
+
+@needs_jit
 def test_products_computed_together():
     """blas.multiply_into: a large and a small product, transposed views among them, an output
     BLAS cannot write as it lies (every other column), each as numpy gives it."""
