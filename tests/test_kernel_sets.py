@@ -362,6 +362,19 @@ def test_the_copy_of_a_first_gradient_is_exact_and_new(size):
 
 
 @needs_jit
+def test_worth_sharing_counts_the_threads_in_use():
+    """The rule of a page of numbers per thread counts the threads in use (mt.num_threads), which
+    may be fewer than the pool's; it asks how many only when the size alone does not settle it."""
+    from microtensor.fast import memory
+
+    page = memory.MIN_ELEMENTS_PER_THREAD
+    for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        with mt.num_threads(threads):
+            assert memory.worth_sharing(page * threads)
+            assert not memory.worth_sharing(page * threads - 1)
+
+
+@needs_jit
 def test_a_sum_is_shared_among_the_threads_from_a_page_per_thread(monkeypatch):
     """The default recipe's residual stream (12 × 64 × 128) is added by all the threads; a sum of
     less than a page of numbers per thread is numpy's, on the calling thread."""

@@ -59,6 +59,8 @@ MIN_ELEMENTS_PER_THREAD = 1024
 def worth_sharing(size):
     """Whether `size` numbers give every thread a page of them: the fast set's one rule for sharing
     an elementwise or row-by-row kernel among the threads (memory.py, layer_norm.py, optimizer.py)."""
+    if size >= MIN_ELEMENTS_PER_THREAD * numba.config.NUMBA_NUM_THREADS:
+        return True  # a page for every thread of the pool, so for those in use too: no need to ask
     return size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
 
 
