@@ -359,13 +359,15 @@ def layout_of(shape, strides, itemsize):
 def multiply_into(*products):
     """c = a @ b for every (a, b, c) in `products`: a (n, k) and b (k, m) of any strides, c (n, m)
     written in place, all of one float dtype; call `available()` first. The products are computed
-    in one parallel call: each gets an equal share of the threads, and each of its threads one slice
-    of its rows. A layer's backward needs two products, g Wᵀ and xᵀ g; computed together, the
-    threads meet once instead of twice, and each BLAS call gets more rows to work on.
+    in one parallel call: each gets an equal share of the threads of Numba's pool, and each of those
+    one slice of its rows (with fewer threads in use, set by numba.set_num_threads, a thread takes
+    several slices). A layer's backward needs two products, g Wᵀ and xᵀ g; computed together, the
+    threads meet once instead of twice, and each BLAS call gets more rows to work on. The pool's
+    size is a constant; the count in use, numba.get_num_threads(), takes a process-wide lock to read.
 
     Everything here but the products themselves is Python that runs for every product of a training
     step, so it is kept to plain arithmetic on shapes and strides (each numpy call has a cost)."""
-    slices = max(1, numba.get_num_threads() // len(products))
+    slices = max(1, numba.config.NUMBA_NUM_THREADS // len(products))
     jobs = []
     operands = []  # every array a job points into, alive until the jobs have run (copies included)
     written_back = []  # (c, the contiguous array BLAS wrote instead) where c's layout does not suit BLAS

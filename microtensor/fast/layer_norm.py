@@ -101,7 +101,7 @@ def layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, gr
 def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
     if not worth_sharing(x.size):
         return readable.layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias)
-    bands = numba.get_num_threads()
+    bands = numba.config.NUMBA_NUM_THREADS  # one per thread of the pool (see blas.multiply_into)
     partial_weight, partial_bias = (np.empty((bands, x.shape[1]), dtype=x.dtype) for _ in range(2))
     layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, grad_bias, partial_weight, partial_bias)
 

@@ -51,7 +51,7 @@ def matmul_backward(grad, a, b, grad_a, grad_b):
         for x, y, out in products:
             np.matmul(x, y, out=out)
         return
-    bands = numba.get_num_threads()
+    bands = numba.config.NUMBA_NUM_THREADS  # one per thread of the pool (see blas.multiply_into)
     if grad_b is not None and grad_b.size and bands > 1 and grad.shape[0] >= MIN_ROWS_PER_BAND * bands:
         if backward_in_bands(grad, a, b, grad_a, grad_b, bands):
             return

@@ -193,10 +193,10 @@ def test_linear_layer_sized_product_forward_and_backward(threads):
 def test_backward_in_bands_of_rows(dtype, layout):
     """backward_in_bands: each band's rows of dA = g Bᵀ and each band's part of dB = Aᵀ g, the
     parts added, for 2 to 4 bands (more bands than threads too), with and without dA, each as numpy
-    gives it in float64; and the fast matmul_backward takes this path on two threads."""
+    gives it in float64; and the fast matmul_backward takes this path, a band per thread of the pool."""
     blas, fast = fast_kernels()
     assert blas.available()
-    n, k, m = 2 * fast.MIN_ROWS_PER_BAND + 1, 48, 80
+    n, k, m = fast.MIN_ROWS_PER_BAND * max(2, numba.config.NUMBA_NUM_THREADS) + 1, 48, 80  # a band per thread
     a = LAYOUTS[layout](randn(n, k, seed=1, dtype=dtype))
     b = LAYOUTS[layout](randn(k, m, seed=2, dtype=dtype))
     g = LAYOUTS[layout](randn(n, m, seed=3, dtype=dtype))
@@ -222,8 +222,7 @@ def test_backward_in_bands_of_rows(dtype, layout):
         fast.backward_in_bands = watched
         try:
             grad_a, grad_b = np.empty((n, k), dtype=dtype), np.empty((k, m), dtype=dtype)
-            with mt.num_threads(2):
-                fast.matmul_backward(g, a, b, grad_a, grad_b)
+            fast.matmul_backward(g, a, b, grad_a, grad_b)
         finally:
             fast.backward_in_bands = original
         assert taken == [True]
