@@ -2,7 +2,7 @@
 measure and how to render its table; this module does the rest:
 
 - the process: each case runs in a process of its own (bench/run.py starts it), tuned as train.py
-  tunes itself (`tune_process`), and PyTorch in another one (`TorchProcess`, bench/torch_side.py);
+  tunes itself (`tune_process`), and PyTorch and JAX in others (`PeerProcess`, bench/torch_side.py, bench/jax_side.py);
 - timing: a figure is the median of many timed calls after warm-up, and a comparison is a ratio
   measured at the same time, in blocks of calls that alternate between the two sides (`alternate`);
 - the conditions: the machine, its CPU (named by `cpu_name`) and vector ISA, the versions and the
@@ -58,17 +58,17 @@ def tune_process():
     TUNED.update(microtensor.fast.process.tune_for_training())
 
 
-# --------------------------------------------------------------------------------- the PyTorch side
+# --------------------------------------------------------------------------------- the other libraries' sides
 
 
-class TorchProcess:
-    """The PyTorch side of a case: bench/torch_side.py in a process of its own (see there why),
-    asked for setups and timings one JSON line at a time."""
+class PeerProcess:
+    """Another library's side of a case: bench/torch_side.py or bench/jax_side.py in a process of
+    its own (see torch_side.py why), asked for setups and timings one JSON line at a time."""
 
-    def __init__(self):
-        script = HERE / "torch_side.py"
+    def __init__(self, script, library):
+        self.library = library  # "PyTorch", "JAX": for messages
         self.process = subprocess.Popen(
-            [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [sys.executable, str(HERE / script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=ENVIRONMENT_BEFORE_TUNING, cwd=str(HERE),
         )  # fmt: skip
         self.hello = json.loads(self.process.stdout.readline())
@@ -78,7 +78,7 @@ class TorchProcess:
         self.process.stdin.flush()
         reply = json.loads(self.process.stdout.readline())
         if "error" in reply:
-            raise RuntimeError(f"PyTorch side failed on {request}: {reply['error']}")
+            raise RuntimeError(f"{self.library} side failed on {request}: {reply['error']}")
         return reply["ok"]
 
     def close(self):
@@ -91,11 +91,55 @@ def _jsonable(value):
 
 
 def start_torch(args):
-    """A TorchProcess when PyTorch is installed (and not --no-torch), else None: the case then
+    """PyTorch's PeerProcess when PyTorch is installed (and not --no-torch), else None: the case then
     measures microtensor alone."""
     if args.no_torch or importlib.util.find_spec("torch") is None:
         return None
-    return TorchProcess()
+    return PeerProcess("torch_side.py", "PyTorch")
+
+
+def start_jax(args):
+    """JAX's PeerProcess when JAX is installed (and not --no-jax), else None."""
+    if args.no_jax or importlib.util.find_spec("jax") is None:
+        return None
+    return PeerProcess("jax_side.py", "JAX")
+
+
+def serve(hello, setups):
+    """The loop of a peer process (torch_side.py, jax_side.py): print `hello` (its library's version
+    and threads), then answer one JSON request per line of stdin, one JSON reply per line of stdout.
+    Requests: {"setup": kind, ...arguments} calls setups[kind](**arguments), which builds timed
+    functions into TIMED and returns what the case compares (a first loss); {"time": name, "n": n}
+    returns n timings of TIMED[name] (seconds, or the phase seconds it returns itself);
+    {"call": name} returns TIMED[name]()."""
+    print(json.dumps(hello), flush=True)
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            if "setup" in request:
+                result = setups[request.pop("setup")](**request)
+            elif "time" in request:
+                result = _timings(TIMED[request["time"]], request["n"])
+            elif "call" in request:
+                result = TIMED[request["call"]]()
+            else:
+                raise ValueError(f"unknown request {request}")
+            reply = {"ok": result}
+        except Exception as error:  # reported to the benchmark, which stops with it
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        print(json.dumps(reply), flush=True)
+
+
+TIMED = {}  # in a peer process: name -> function that a setup built
+
+
+def _timings(fn, n):
+    result = []
+    for _ in range(n):
+        start = time.perf_counter()
+        phases = fn()
+        result.append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
+    return result
 
 
 def float_inputs(seed, shapes):
@@ -122,7 +166,8 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     """Timings of many calls of each function, in blocks of `block` calls that alternate between
     the functions, so that a noisy neighbour slows all of them alike.
 
-    local: {name: fn} run here; remote: {name: the name of a timed function in torch_process}.
+    local: {name: fn} run here; remote: {name: the name of a timed function in torch_process, or
+    (another PeerProcess, the name of a timed function there)}.
     A function that returns a tuple (its own phase timings) is recorded by that tuple, any other by
     the seconds it took. Returns {name: [one entry per call]}.
 
@@ -134,8 +179,9 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
     for fn in local.values():
         for _ in range(warmup):
             fn()
-    for remote_name in remote.values():
-        torch_process.ask(time=remote_name, n=warmup)
+    remote = {name: where if isinstance(where, tuple) else (torch_process, where) for name, where in remote.items()}
+    for process, remote_name in remote.values():
+        process.ask(time=remote_name, n=warmup)
     times = {name: [] for name in [*local, *remote]}
     for _ in range(max(1, calls // block)):
         for name, fn in local.items():
@@ -144,8 +190,8 @@ def alternate(local, remote, torch_process, calls, block=5, warmup=3):
                 start = time.perf_counter()
                 phases = fn()
                 times[name].append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
-        for name, remote_name in remote.items():
-            times[name] += torch_process.ask(time=remote_name, n=block + 1)[1:]
+        for name, (process, remote_name) in remote.items():
+            times[name] += process.ask(time=remote_name, n=block + 1)[1:]
     return times
 
 
@@ -531,6 +577,7 @@ def case_parser(case, module):
     p.add_argument("--json", metavar="FILE", default=str(results_folder() / f"{case.name}.json"), help="where to write the results (default: %(default)s, this CPU's folder)")
     p.add_argument("--repeat", type=int, default=None, help="timed repeats per measurement (default: per case)")
     p.add_argument("--no-torch", action="store_true", help="measure microtensor alone, even where PyTorch is installed")
+    p.add_argument("--no-jax", action="store_true", help="leave JAX out, even where it is installed")
     if hasattr(module, "options"):
         module.options(p)
     return p

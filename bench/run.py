@@ -41,12 +41,15 @@ before it times anything) in a process of its own, so that each library keeps it
 settings. Blocks of calls alternate between the two, so that a noisy neighbour slows both alike,
 and the first call of each block is not timed. A figure is a median over the timed calls; a ratio
 is PyTorch's time over microtensor's (above 1: microtensor is faster). Every row runs the fast
-kernel set unless it says "readable".
+kernel set unless it says "readable". Where JAX is installed, the training step and generation are
+also measured against JAX (`bench/jax_side.py`: the same model from the same weights, the whole
+training step under `jax.jit`, generation one jitted step per token), in rows of their own.
 
 ## How to run
 
 ```bash
 pip install torch==2.13.0   # optional: without it, microtensor is measured alone
+pip install jax jaxlib      # optional: JAX's rows (0.10.2 is the newest for Python 3.11)
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/run.py    # every case, then this file
 python bench/run.py --report-only                                   # this file from the last results
 python bench/run.py train --help                                    # one case, and its options
@@ -114,11 +117,13 @@ def main(argv):
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from existing JSON files")
     p.add_argument("--skip", nargs="*", default=[], choices=list(BY_NAME), metavar="CASE", help="cases to leave out")
     p.add_argument("--repeat", help="every case: timed repeats per measurement (default: per case)")
-    p.add_argument("--no-torch", action="store_true", help="every case: measure microtensor alone")
+    p.add_argument("--no-torch", action="store_true", help="every case: leave PyTorch out")
+    p.add_argument("--no-jax", action="store_true", help="every case: leave JAX out")
     args, options = p.parse_known_args(rest)
     if options and len(chosen) != 1:
         p.error(f"{' '.join(options)}: a case's own options need exactly one case named")
     options += (["--repeat", args.repeat] if args.repeat else []) + (["--no-torch"] if args.no_torch else [])
+    options += ["--no-jax"] if args.no_jax else []
     out = Path(args.out)
     if not args.report_only:
         here = harness.results_folder(out)  # this CPU's folder

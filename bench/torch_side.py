@@ -7,24 +7,16 @@ setting or microtensor with PyTorch's, each slower than with its own. So a case 
 PyTorch starts this script with the environment its process was started with, before the tuning,
 and asks it, one JSON line at a time on stdin/stdout, to build the PyTorch version of what it
 measures (gpt/checkpoints/torch_gpt.py's GPT, or an op) and to time blocks of calls, alternating with
-blocks of its own (harness.TorchProcess).
-
-Requests: {"setup": kind, ...arguments} builds the timed functions of one benchmark;
-{"time": name, "n": n} returns n timings of one of them (seconds, or its phase seconds);
-{"call": name} returns its result.
+blocks of its own (harness.PeerProcess; the requests are those of harness.serve). A timed function
+that returns a tuple gives its own phase timings; any other is timed by harness.serve.
 """
 import torch  # isort: skip  (first, with its own defaults: see above)
-import json
-import sys
 import time
 
 import numpy as np
-from harness import float_inputs, integer_inputs, random_batch  # harness puts the checkout on sys.path
+from harness import TIMED, float_inputs, integer_inputs, random_batch, serve  # harness puts the checkout on sys.path
 
 from gpt.checkpoints import torch_gpt
-
-TIMED = {}  # name -> function; a tuple it returns is its own phase timings, else it is timed here
-
 
 def setup_train(config, weights, batch_size, seed, lr, weight_decay, betas, clip, compiled=False):
     """The training step, run eagerly ("train_step") or with torch.compile ("train_step_compiled",
@@ -144,34 +136,8 @@ def setup_adamw(shapes, seed, lr, weight_decay, betas):
 SETUPS = {"train": setup_train, "generate": setup_generate, "op": setup_op, "adamw": setup_adamw}
 
 
-def timings(name, n):
-    fn, result = TIMED[name], []
-    for _ in range(n):
-        start = time.perf_counter()
-        phases = fn()
-        result.append(phases if isinstance(phases, tuple) else time.perf_counter() - start)
-    return result
-
-
-def answer(request):
-    if "setup" in request:
-        kind = request.pop("setup")
-        return SETUPS[kind](**request)
-    if "time" in request:
-        return timings(request["time"], request["n"])
-    if "call" in request:
-        return TIMED[request["call"]]()
-    raise ValueError(f"torch_side: unknown request {request}")
-
-
 def main():
-    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
-    for line in sys.stdin:
-        try:
-            reply = {"ok": answer(json.loads(line))}
-        except Exception as error:  # reported to the benchmark, which stops with it
-            reply = {"error": f"{type(error).__name__}: {error}"}
-        print(json.dumps(reply), flush=True)
+    serve({"torch": torch.__version__, "threads": torch.get_num_threads()}, SETUPS)
 
 
 if __name__ == "__main__":

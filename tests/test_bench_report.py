@@ -392,6 +392,12 @@ def test_train_rows_and_sections():
     ]
     libraries["pytorch_compiled"] = phases(0.009, 0.018, 0.003, 16000.0, 0.55)
     assert train.result_rows(data)[-1] == "| training step, PyTorch under torch.compile (ms) | 31.0 | 30.0 | 0.97× | | |"
+    libraries["jax"] = {"step": 0.093, "tokens_per_s": 8000.0, "mfu": 0.2, "steps": 30}  # a whole jitted step: no phases
+    data["train"]["versions"] = {"jax": "0.10.2"}
+    data["train"]["spread"]["jax_step_ratio_by_block"] = {"min": 2.5, "median": 3.0, "max": 3.5}
+    assert train.result_rows(data)[-1] == (
+        "| training step, JAX 0.10.2 with the whole step under jax.jit, in the PyTorch column (ms) | 31.0 | 93.0 | 3.00× | 2.50-3.50× | |"
+    )
     assert train.default_environment_rows(data) == ["| training tokens/s, OPENBLAS variables kept | 24,000 | 12,000 | 2.00× | | |"]
     assert train.noise_lines(data) == [
         "- microtensor's training step over the run's 30 timed steps: 30.0-32.5 ms (median 31.0).",
@@ -419,6 +425,10 @@ def test_generate_startup_and_convergence_rows():
         "| generation with KV cache, 1→100 tokens (tokens/s) | 5,000 | 1,000 | 5.00× | | ≥ 2× |",
         "| generation recomputing the context (tokens/s) | 100 | - | cache 50.00× faster | | cache ≥ 5× |",
     ]
+    generate.update(jax_kv_cache_tokens_per_s=2500.0, kv_cache_vs_jax=2.00016, jax_version="0.10.2")
+    assert case_module("generate").result_rows({"generate": generate})[-1] == (
+        "| generation with KV cache, JAX 0.10.2 one jitted step per token, in the PyTorch column (tokens/s) | 5,000 | 2,500 | 2.00× | | ≥ 2× |"
+    )
     startup = {"import_microtensor_s": 0.4321, "train_max_iters_1_cold_s": 11.06, "train_max_iters_1_warm_s": 1.24,
                "peak_rss_training_mib": 190.4, "peak_rss_iters": 50}  # fmt: skip
     assert case_module("startup").result_rows({"startup": startup}) == [

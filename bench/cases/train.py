@@ -12,7 +12,9 @@ GEMM peak measured here: microtensor's float32 matmul on large square matrices w
 kernels (numpy's OpenBLAS, its rows split across the cores as in the step).
 
 --torch-compile also times PyTorch's step with the model under torch.compile (compiled before
-timing, by its first step), as a third side of the same alternating blocks.
+timing, by its first step), as a third side of the same alternating blocks. Where JAX is installed
+(and not --no-jax), bench/jax_side.py's step, the whole of it under jax.jit, is one more side; its
+step is not split into phases, as jit compiles them into one program.
 
 The readable kernels (`mt.set_kernels("readable")`: plain loops, no BLAS) train the same recipe
 far more slowly, so only --readable-steps steps are timed, in blocks of 2 alternating with steps of
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import alternate, block_ratios, float_inputs, number, over_blocks, random_batch, spread, start_torch, x
+from harness import alternate, block_ratios, float_inputs, number, over_blocks, random_batch, spread, start_jax, start_torch, x
 
 import microtensor as mt
 from microtensor import optim
@@ -105,7 +107,7 @@ def measure_against_pytorch(args, steps, warmup):
     config = GPTConfig(**RECIPE)
     model = GPT(config)
     ours = OursStep(model, seed=1)
-    torch_process = start_torch(args)
+    torch_process, jax_process = start_torch(args), start_jax(args)
     remote = {}
     first = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -121,34 +123,51 @@ def measure_against_pytorch(args, steps, warmup):
             )  # fmt: skip
             first[name] = reply["first_loss"]
             remote[name] = "train_step_compiled" if compiled else "train_step"
+        if jax_process is not None:
+            reply = jax_process.ask(
+                setup="train", config=config.to_dict(), weights=str(weights), batch_size=BATCH, seed=1,
+                lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP,
+            )  # fmt: skip
+            first["jax"] = reply["first_loss"]
+            remote["jax"] = (jax_process, "train_step")
     # the first step from identical weights on the same batch must give the same loss
     if any(abs(first["microtensor"] - loss) > 1e-4 * abs(loss) for loss in first.values()):
         raise SystemExit(f"bench train: the models disagree on the first loss: {first}")
     # Blocks of BLOCK steps alternate between the libraries; the median is over every step.
     timings = alternate({"microtensor": ours}, remote, torch_process, steps, block=BLOCK, warmup=warmup)
-    if torch_process is not None:
-        torch_process.close()
+    for process in (torch_process, jax_process):
+        if process is not None:
+            process.close()
     tokens = BATCH * config.block_size
     results = {name: phase_medians(rows, tokens) for name, rows in timings.items()}
     peak = gemm_peak()
     step_flops = 3 * matmul_flops_per_token(config) * tokens
     for name in results:
         results[name]["mfu"] = step_flops / results[name]["step"] / peak
-    step_seconds = {name: [sum(r) for r in rows] for name, rows in timings.items()}
+    step_seconds = {name: [step_of(r) for r in rows] for name, rows in timings.items()}
     spreads = {f"{name}_step_s": spread(seconds) for name, seconds in step_seconds.items()}
     if "pytorch" in step_seconds:
         spreads["step_ratio_by_block"] = spread(block_ratios(step_seconds["pytorch"], step_seconds["microtensor"], BLOCK))
+    if "jax" in step_seconds:
+        spreads["jax_step_ratio_by_block"] = spread(block_ratios(step_seconds["jax"], step_seconds["microtensor"], BLOCK))
+    versions = {"jax": jax_process.hello["jax"]} if jax_process is not None else {}
     return {
         "config": dict(RECIPE, batch_size=BATCH), "first_loss": first, "step_matmul_flops": step_flops,
-        "gemm_peak_flops": peak, "libraries": results, "block": BLOCK, "spread": spreads,
+        "gemm_peak_flops": peak, "libraries": results, "block": BLOCK, "spread": spreads, "versions": versions,
     }  # fmt: skip
+
+
+def step_of(row):
+    """A step's seconds from its row: the sum of its phases, or the step itself (JAX's, not split)."""
+    return sum(row) if isinstance(row, (tuple, list)) else row
 
 
 def phase_medians(rows, tokens):
     """{phase: median seconds, "step": median of the steps' sums, "tokens_per_s"} of (forward,
-    backward, optimizer) rows."""
-    medians = {phase: statistics.median(r[i] for r in rows) for i, phase in enumerate(PHASES)}
-    step = statistics.median(sum(r) for r in rows)
+    backward, optimizer) rows; rows of whole steps give the step only."""
+    split = isinstance(rows[0], (tuple, list))
+    medians = {phase: statistics.median(r[i] for r in rows) for i, phase in enumerate(PHASES)} if split else {}
+    step = statistics.median(step_of(r) for r in rows)
     return dict(medians, step=step, tokens_per_s=tokens / step, steps=len(rows))
 
 
@@ -198,6 +217,14 @@ def result_rows(data):
             f"| training step, PyTorch under torch.compile (ms) | {ours['step'] * 1e3:.1f} | {compiled['step'] * 1e3:.1f} | "
             f"{x(compiled['step'] / ours['step'])} | | |"
         )
+    jax = train["libraries"].get("jax")
+    if jax:
+        version = train.get("versions", {}).get("jax", "")
+        lines.append(
+            f"| training step, JAX {version} with the whole step under jax.jit, in the PyTorch column (ms) | "
+            f"{ours['step'] * 1e3:.1f} | {jax['step'] * 1e3:.1f} | {x(jax['step'] / ours['step'])} | "
+            f"{over_blocks(train.get('spread', {}).get('jax_step_ratio_by_block'))} | |"
+        )
     return lines
 
 
@@ -211,7 +238,7 @@ def noise_lines(data):
     train = data["train"]
     spread = train.get("spread") or {}
     lines = []
-    for name, label in (("microtensor", "microtensor"), ("pytorch", "PyTorch")):
+    for name, label in (("microtensor", "microtensor"), ("pytorch", "PyTorch"), ("jax", "JAX")):
         s = spread.get(f"{name}_step_s")
         if s:
             lines.append(
