@@ -61,6 +61,7 @@ from numba import prange, types
 
 from ..errors import InputError
 from ..kernels import kernel
+from .memory import pool_size
 
 ROW_MAJOR, NO_TRANSPOSE, TRANSPOSE = 101, 111, 112  # the CBLAS enum values
 MKL_THREADING_SEQUENTIAL = 1  # MKL's enum value: each call runs on its calling thread
@@ -362,12 +363,12 @@ def multiply_into(*products):
     in one parallel call: each gets an equal share of the threads of Numba's pool, and each of those
     one slice of its rows (with fewer threads in use, set by numba.set_num_threads, a thread takes
     several slices). A layer's backward needs two products, g Wᵀ and xᵀ g; computed together, the
-    threads meet once instead of twice, and each BLAS call gets more rows to work on. The pool's
-    size is a constant; the count in use, numba.get_num_threads(), takes a process-wide lock to read.
+    threads meet once instead of twice, and each BLAS call gets more rows to work on. (Why the
+    pool's threads and not those in use: memory.pool_size.)
 
     Everything here but the products themselves is Python that runs for every product of a training
     step, so it is kept to plain arithmetic on shapes and strides (each numpy call has a cost)."""
-    slices = max(1, numba.config.NUMBA_NUM_THREADS // len(products))
+    slices = max(1, pool_size() // len(products))
     jobs = []
     operands = []  # every array a job points into, alive until the jobs have run (copies included)
     written_back = []  # (c, the contiguous array BLAS wrote instead) where c's layout does not suit BLAS

@@ -18,13 +18,12 @@ Why not always: rows that give each thread fewer than a page of numbers (`worth_
 memory.py's rule for every elementwise kernel), such as the one row of a token being generated, cost
 less than waking a second thread. Those run the same loop compiled without threads (`*_serial`).
 """
-import numba
 import numpy as np
 from numba import prange
 
 from ..kernels import fast_twin, kernel
 from ..ops import layer_norm as readable
-from .memory import worth_sharing
+from .memory import pool_size, worth_sharing
 from .vector_math import REDUCE_FASTMATH
 
 
@@ -101,7 +100,7 @@ def layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, gr
 def layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias):
     if not worth_sharing(x.size):
         return readable.layer_norm_backward_params(grad_out, x, mean, rstd, grad_weight, grad_bias)
-    bands = numba.config.NUMBA_NUM_THREADS  # one per thread of the pool (see blas.multiply_into)
+    bands = pool_size()  # one per thread of the pool
     partial_weight, partial_bias = (np.empty((bands, x.shape[1]), dtype=x.dtype) for _ in range(2))
     layer_norm_backward_params_in_bands(grad_out, x, mean, rstd, grad_weight, grad_bias, partial_weight, partial_bias)
 

@@ -16,12 +16,12 @@
 Where numpy's BLAS cannot be called from compiled code (`blas.available()` is False), both call
 np.matmul: numpy's own BLAS, whatever it is, is still far faster than loops.
 """
-import numba
 import numpy as np
 
 from ..kernels import fast_twin
 from ..ops import matmul as readable
 from . import blas, memory
+from .memory import pool_size
 
 # The fewest rows a thread's band needs for the backward to be cut into bands: each band's part
 # of dB is a product with that many terms per number, which BLAS blocks well from about a hundred
@@ -51,7 +51,7 @@ def matmul_backward(grad, a, b, grad_a, grad_b):
         for x, y, out in products:
             np.matmul(x, y, out=out)
         return
-    bands = numba.config.NUMBA_NUM_THREADS  # one per thread of the pool (see blas.multiply_into)
+    bands = pool_size()  # one per thread of the pool
     if grad_b is not None and grad_b.size and bands > 1 and grad.shape[0] >= MIN_ROWS_PER_BAND * bands:
         if backward_in_bands(grad, a, b, grad_a, grad_b, bands):
             return

@@ -51,6 +51,14 @@ def copy_gradient(grad):
     return copy
 
 
+def pool_size():
+    """The threads of Numba's pool (NUMBA_NUM_THREADS): how many ways the fast kernels cut work into
+    slices and bands. A constant, where the count in use (numba.get_num_threads(), which mt.num_threads
+    and numba.set_num_threads lower) takes a process-wide lock to read; with fewer threads in use, a
+    thread takes several slices or bands, one after another, and the results are the same."""
+    return numba.config.NUMBA_NUM_THREADS
+
+
 # The fewest elements worth a thread of their own in an elementwise kernel: one 4 KiB page of
 # float32 numbers (below it, waking a second thread costs more than the half it takes over).
 MIN_ELEMENTS_PER_THREAD = 1024
@@ -59,7 +67,7 @@ MIN_ELEMENTS_PER_THREAD = 1024
 def worth_sharing(size):
     """Whether `size` numbers give every thread a page of them: the fast set's one rule for sharing
     an elementwise or row-by-row kernel among the threads (memory.py, layer_norm.py, optimizer.py)."""
-    if size >= MIN_ELEMENTS_PER_THREAD * numba.config.NUMBA_NUM_THREADS:
+    if size >= MIN_ELEMENTS_PER_THREAD * pool_size():
         return True  # a page for every thread of the pool, so for those in use too: no need to ask
     return size >= MIN_ELEMENTS_PER_THREAD * numba.get_num_threads()
 
