@@ -67,7 +67,8 @@ def backward_in_bands(grad, a, b, grad_a, grad_b, bands):
 
     The job table is written here rather than by blas.multiply_into, which would also work out each
     band's layouts and addresses anew: this is Python run for every layer of every training step."""
-    layouts = [blas.blas_layout(x) for x in (grad, b.T, a.T)]
+    b_t, a_t = b.T, a.T  # (m, k) and (k, n): views BLAS reads through its transpose flag
+    layouts = [blas.blas_layout(x) for x in (grad, b_t, a_t)]
     written = [blas.blas_layout(x) for x in (grad_b, grad_a) if x is not None]  # BLAS writes rows in place
     if None in layouts or any(layout is None or layout[0] != blas.NO_TRANSPOSE for layout in written):
         return False
@@ -76,7 +77,7 @@ def backward_in_bands(grad, a, b, grad_a, grad_b, bands):
     n = grad.shape[0]
     k, m = grad_b.shape
     parts = np.empty((bands - 1, k, m), dtype=grad_b.dtype)  # the bands' parts of grad_b but the first
-    g_address, bt_address, at_address = blas.address(grad), blas.address(b.T), blas.address(a.T)
+    g_address, bt_address, at_address = blas.address(grad), blas.address(b_t), blas.address(a_t)
     jobs = []  # the columns of blas.py's job table: flags, sizes, then each matrix's address and leading dimension
     for band in range(bands):
         first, last = n * band // bands, n * (band + 1) // bands
