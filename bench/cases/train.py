@@ -115,20 +115,17 @@ def measure_against_pytorch(args, steps, warmup):
         np.savez(weights, **model.state_dict())  # before any step: both start from these weights
         ours()
         first["microtensor"] = ours.losses[0]
+        # the same step for every side: recipe, weights, batches (seed 1) and optimizer
+        setup = dict(
+            setup="train", config=config.to_dict(), weights=str(weights), batch_size=BATCH, seed=1,
+            lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP,
+        )  # fmt: skip
         sides = {"pytorch": False, "pytorch_compiled": True} if args.torch_compile else {"pytorch": False}  # name: compiled
         for name, compiled in sides.items() if torch_process is not None else []:
-            reply = torch_process.ask(
-                setup="train", config=config.to_dict(), weights=str(weights), batch_size=BATCH, seed=1,
-                lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP, compiled=compiled,
-            )  # fmt: skip
-            first[name] = reply["first_loss"]
+            first[name] = torch_process.ask(**setup, compiled=compiled)["first_loss"]
             remote[name] = "train_step_compiled" if compiled else "train_step"
         if jax_process is not None:
-            reply = jax_process.ask(
-                setup="train", config=config.to_dict(), weights=str(weights), batch_size=BATCH, seed=1,
-                lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, clip=CLIP,
-            )  # fmt: skip
-            first["jax"] = reply["first_loss"]
+            first["jax"] = jax_process.ask(**setup)["first_loss"]
             remote["jax"] = (jax_process, "train_step")
     # the first step from identical weights on the same batch must give the same loss
     if any(abs(first["microtensor"] - loss) > 1e-4 * abs(loss) for loss in first.values()):
