@@ -188,6 +188,23 @@ def test_one_query_at_a_time_equals_the_full_causal_forward(kernel_set):
         np.testing.assert_allclose(row.numpy()[:, :, 0], full[:, :, t], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_keys_of_score_minus_infinity_weigh_nothing_in_any_tile(kernel_set, dtype):
+    """A key whose q · k is -inf gets probability 0, also when a whole tile, the first one included,
+    holds only such keys (the running max is then still -inf): the output is the softmax over the
+    other keys, as numpy's in float64 gives it, never NaN. The query that sees only such keys gets
+    NaN, as numpy's 0/0 does."""
+    q = np.array([[[[-2.0], [1.5]]]], dtype=dtype)  # (1, 1, 2, 1): a negative and a positive query
+    k = np.array([[[[np.inf], [np.inf], [-1.5], [0.5], [np.inf]]]], dtype=dtype)  # q_0 k_j = -inf for keys 0, 1, 4
+    v = randn(1, 1, 5, 1, seed=4, dtype=dtype)
+    grad_out = randn(1, 1, 2, 1, seed=5, dtype=dtype)
+    expected = reference(q, k, v, grad_out, causal=False)[0]
+    for tile_size in (1, 2, 3, 100):  # tiles of -inf scores only first, between and last; one tile
+        out = run_online(q, k, v, grad_out, causal=False, tile_size=tile_size)[0]
+        assert_close(out[0, 0, 0], expected[0, 0, 0], dtype, f"tile_size {tile_size}")
+        assert np.isnan(out[0, 0, 1]).all() and np.isnan(expected[0, 0, 1]).all()  # +inf scores: inf - inf
+
+
 def test_empty_inputs(kernel_set):
     for B, H, Hk, Tq, Tk in ((0, 2, 1, 3, 3), (1, 2, 1, 0, 0), (1, 2, 2, 0, 4)):
         q, k, v, grad_out = inputs(B, H, Hk, Tq, Tk, 2, np.float64)

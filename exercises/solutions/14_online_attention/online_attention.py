@@ -41,14 +41,16 @@ def online_attention_forward(q, k, v, scale, causal, tile, out, log_sum_exp):
                         scores[j - start] = dot * scale
                         tile_max = max(tile_max, scores[j - start])
                     new_max = max(running_max, tile_max)
+                    # all scores -inf so far: the sums are 0; subtract 0, as -inf - (-inf) is NaN
+                    shift = new_max if new_max > minus_infinity else zero
                     # the sums so far hold e^(S - m); times e^(m - m_new) they hold e^(S - m_new)
-                    correction = np.exp(running_max - new_max)
+                    correction = np.exp(running_max - shift)
                     running_sum *= correction
                     for d in range(D):
                         out[b, h, i, d] *= correction
                     # the tile's own terms: ℓ += e^(S_ij - m_new), acc += e^(S_ij - m_new) v_j
                     for j in range(start, stop):
-                        p = np.exp(scores[j - start] - new_max)
+                        p = np.exp(scores[j - start] - shift)
                         running_sum += p
                         for d in range(D):
                             out[b, h, i, d] += p * v[b, h, j, d]

@@ -96,10 +96,11 @@ def online_softmax_tile(block, first_query, first_key, n_queries, n_keys, slope,
         for c in range(visible, cols):
             block[r, c] = minus_infinity
         new_max = max(running_max[r], max_of_row(block, r))
-        correction = exp_of_nonpositive(running_max[r] - new_max)
+        shift = new_max if new_max > minus_infinity else real(0)  # all -inf so far: 0, as the readable kernel says why
+        correction = exp_of_nonpositive(running_max[r] - shift)
         row_total = real(0)
         for c in range(cols):
-            e = exp_of_nonpositive(block[r, c] - new_max)
+            e = exp_of_nonpositive(block[r, c] - shift)
             block[r, c] = e
             row_total += e
         running_sum[r] = running_sum[r] * correction + row_total

@@ -156,14 +156,17 @@ def online_attention_forward(q, k, v, slopes, scale, causal, tile_size, out, log
                     if s > tile_max:
                         tile_max = s
                 new_max = max(running_max, tile_max)
+                # While every score so far is -inf (a key of weight 0: q · k = -inf), the sums are 0 and
+                # stay 0; subtracting m_new = -inf from -inf would give NaN, so 0 is subtracted instead.
+                shift = new_max if new_max > minus_infinity else zero
                 # the sums so far hold e^(S - m); times e^(m - m_new) they hold e^(S - m_new)
-                correction = np.exp(running_max - new_max)
+                correction = np.exp(running_max - shift)
                 running_sum *= correction
                 for d in range(D):
                     out[b, h, i, d] *= correction
                 # the tile's own terms: ℓ += e^(S_ij - m_new), acc += e^(S_ij - m_new) v_j
                 for j in range(start, stop):
-                    p = np.exp(scores[j - start] - new_max)
+                    p = np.exp(scores[j - start] - shift)
                     running_sum += p
                     for d in range(D):
                         out[b, h, i, d] += p * v[b, g, j, d]
